@@ -1,0 +1,48 @@
+# slokit developer entry points. Everything bootstraps itself on a fresh machine.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+VLLM_VENV := .venv-vllm
+
+.PHONY: help venv vllm-env system-deps demo test test-fast lint bench clean
+
+help:
+	@echo "make demo       the main job on the simulator: replicas, sidecar, load, findings, explain"
+	@echo "make test       the whole suite (bootstraps .venv, .venv-vllm, prometheus, chromium)"
+	@echo "make test-fast  unit tests only (no real vLLM, no Prometheus, no browser)"
+	@echo "make lint       ruff + mypy"
+	@echo "make bench      benchmarks (figures quoted in README)"
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+vllm-env:
+	bash scripts/vllm-env.sh $(VLLM_VENV)
+
+system-deps:
+	bash scripts/system-deps.sh
+
+demo: venv
+	$(BIN)/slokit demo
+
+test: venv vllm-env system-deps
+	SLOKIT_REQUIRE_VLLM=$${SLOKIT_REQUIRE_VLLM:-1} $(BIN)/python -m pytest -q
+
+test-fast: venv
+	$(BIN)/python -m pytest -q -m "not vllm and not prometheus and not chromium and not slow"
+
+lint: venv
+	$(BIN)/ruff check slokit tests benchmarks
+	$(BIN)/ruff format --check slokit tests benchmarks
+	$(BIN)/mypy slokit
+
+bench: venv
+	$(BIN)/python benchmarks/run.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

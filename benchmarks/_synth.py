@@ -1,0 +1,63 @@
+"""Synthetic but wire-exact vLLM ``llm_request`` spans for benchmarks."""
+
+from __future__ import annotations
+
+import random
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+
+def _kv(key: str, value: object) -> KeyValue:
+    if isinstance(value, float):
+        return KeyValue(key=key, value=AnyValue(double_value=value))
+    if isinstance(value, int):
+        return KeyValue(key=key, value=AnyValue(int_value=value))
+    return KeyValue(key=key, value=AnyValue(string_value=str(value)))
+
+
+def llm_request_export(n: int, *, start_index: int = 0, seed: int = 0, replica: str = "pod-a",
+                       t0: float = 1_795_958_000.0) -> bytes:
+    """One ExportTraceServiceRequest body holding ``n`` llm_request spans like vLLM 0.32's."""
+    rng = random.Random(seed + start_index)
+    req = ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    rs.resource.attributes.extend(
+        [_kv("service.name", "vllm"), _kv("k8s.pod.name", replica), _kv("telemetry.sdk.language", "python")]
+    )
+    ss = rs.scope_spans.add()
+    ss.scope.name = "vllm.tracing.otel"
+    for i in range(start_index, start_index + n):
+        queue = rng.expovariate(20)
+        prefill = rng.uniform(0.01, 0.2)
+        out = rng.randint(16, 512)
+        decode = out * rng.uniform(0.01, 0.03)
+        ttft = queue + prefill
+        e2e = ttft + decode
+        arrival = t0 + i * 0.01
+        span = ss.spans.add()
+        span.trace_id = rng.randbytes(16)
+        span.span_id = rng.randbytes(8)
+        span.name = "llm_request"
+        span.kind = Span.SPAN_KIND_SERVER
+        span.start_time_unix_nano = int(arrival * 1e9)
+        span.end_time_unix_nano = int((arrival + e2e) * 1e9)
+        span.attributes.extend(
+            [
+                _kv("gen_ai.latency.time_to_first_token", ttft),
+                _kv("gen_ai.latency.e2e", e2e),
+                _kv("gen_ai.latency.time_in_queue", queue),
+                _kv("gen_ai.usage.prompt_tokens", rng.randint(16, 2048)),
+                _kv("gen_ai.usage.completion_tokens", out),
+                _kv("gen_ai.latency.time_in_model_prefill", prefill),
+                _kv("gen_ai.latency.time_in_model_decode", decode),
+                _kv("gen_ai.latency.time_in_model_inference", prefill + decode),
+                _kv("gen_ai.request.id", f"cmpl-req-{i}-0"),
+                _kv("gen_ai.request.top_p", 1.0),
+                _kv("gen_ai.request.max_tokens", out),
+                _kv("gen_ai.request.temperature", 1.0),
+                _kv("gen_ai.request.n", 1),
+            ]
+        )
+    return req.SerializeToString()

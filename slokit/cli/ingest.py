@@ -1,0 +1,48 @@
+"""``slokit ingest``: load recorded telemetry files into the store."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from slokit.cli._common import db_option, handle_errors
+
+
+def _report(rep: object) -> None:
+    from slokit.ingest import IngestReport
+
+    assert isinstance(rep, IngestReport)
+    parts = [f"{rep.files} file(s)"]
+    if rep.fragments:
+        parts.append(f"{rep.fragments} fragments ({rep.new_fragments} new) -> {rep.requests} requests")
+    if rep.skipped_spans:
+        parts.append(f"{rep.skipped_spans} spans skipped (not request spans)")
+    if rep.rejected_spans:
+        parts.append(f"{rep.rejected_spans} spans rejected")
+    if rep.engine_samples or rep.gpu_samples:
+        parts.append(f"{rep.engine_samples} engine samples, {rep.gpu_samples} GPU samples")
+    click.echo("ingested " + ", ".join(parts))
+    for path, msg in rep.bad_files:
+        click.echo(f"slokit: rejected {path}: {msg}", err=True)
+    if rep.bad_files:
+        sys.exit(2)
+
+
+@click.group("ingest")
+def command() -> None:
+    """Load OTLP exports, metric files, client records or quality results into the store."""
+
+
+@command.command("otlp")
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.option("--replica", help="Replica name for spans whose resource has no k8s.pod.name.")
+@db_option
+@handle_errors
+def otlp(paths: tuple[str, ...], replica: str | None, db: str) -> None:
+    """OTLP ExportTraceServiceRequest files (.pb or OTLP JSON, gzip or not) or directories."""
+    from slokit.ingest import ingest_otlp
+    from slokit.store.db import open_store
+
+    with open_store(db) as store:
+        _report(ingest_otlp(store, paths, replica=replica))

@@ -1,0 +1,367 @@
+"""OTLP traces -> request fragments.
+
+Accepts ``ExportTraceServiceRequest`` as protobuf or OTLP/JSON, gzip or not. Three kinds of span
+become fragments:
+
+- vLLM's ``llm_request`` span (scope ``vllm.tracing.otel``): every ``gen_ai.latency.*`` and
+  ``gen_ai.usage.*`` attribute; start time = arrival.
+- gateway spans (kind SERVER) and client spans (kind CLIENT) that name a request id through
+  ``slokit.request_id``, ``http.request.header.x-request-id`` or ``gen_ai.response.id``, with
+  http.* and current gen_ai.* names (``gen_ai.usage.input_tokens``...).
+
+Everything else (vLLM start-up spans, unrelated spans) is skipped, not rejected. Spans with an
+empty or malformed trace id, or an ``llm_request`` without a request id, are rejected and
+counted (OTLP ``partial_success``). Prompt and completion text attributes are never read.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from slokit.errors import BadInput
+from slokit.ids import normalize_request_id
+from slokit.records import RequestFragment
+
+#: Resource attributes that name the replica, most specific first.
+REPLICA_ATTRIBUTES = ("k8s.pod.name", "service.instance.id", "host.name")
+
+_SPAN_KIND_SERVER = 2
+_SPAN_KIND_CLIENT = 3
+_STATUS_ERROR = 2
+
+#: vLLM llm_request attribute -> RequestFragment field.
+_VLLM_ATTRS: dict[str, str] = {
+    "gen_ai.latency.time_in_queue": "queue_s",
+    "gen_ai.latency.time_to_first_token": "ttft_s",
+    "gen_ai.latency.e2e": "e2e_s",
+    "gen_ai.latency.time_in_model_prefill": "prefill_s",
+    "gen_ai.latency.time_in_model_decode": "decode_s",
+    "gen_ai.latency.time_in_model_inference": "inference_s",
+    "gen_ai.usage.prompt_tokens": "prompt_tokens",
+    "gen_ai.usage.completion_tokens": "output_tokens",
+    "gen_ai.usage.input_tokens": "prompt_tokens",
+    "gen_ai.usage.output_tokens": "output_tokens",
+    "gen_ai.usage.cached_tokens": "cached_tokens",
+    "gen_ai.request.max_tokens": "max_tokens",
+    "gen_ai.response.model": "model",
+    "gen_ai.request.model": "model",
+}
+
+#: Gateway/client span attribute -> RequestFragment field.
+_HTTP_ATTRS: dict[str, str] = {
+    "gen_ai.request.model": "model",
+    "gen_ai.response.model": "model",
+    "gen_ai.usage.input_tokens": "prompt_tokens",
+    "gen_ai.usage.output_tokens": "output_tokens",
+    "gen_ai.usage.prompt_tokens": "prompt_tokens",
+    "gen_ai.usage.completion_tokens": "output_tokens",
+    "gen_ai.request.max_tokens": "max_tokens",
+    "gen_ai.response.finish_reasons": "finish_reason",
+    "http.response.status_code": "http_status",
+    "http.status_code": "http_status",
+    "error.type": "error_type",
+    "slokit.slo_class": "slo_class",
+    "slokit.task_id": "task_id",
+    "slokit.tenant": "tenant",
+    "slokit.client.ttft_s": "client_ttft_s",
+    "gen_ai.server.time_to_first_token": "client_ttft_s",
+}
+
+_INT_FIELDS = frozenset(
+    {"prompt_tokens", "output_tokens", "cached_tokens", "max_tokens", "http_status"}
+)
+_FLOAT_FIELDS = frozenset({"client_ttft_s"})
+
+_REQUEST_ID_ATTRS = (
+    "slokit.request_id",
+    "http.request.header.x-request-id",
+    "gen_ai.request.id",
+    "gen_ai.response.id",
+)
+
+
+@dataclass
+class DecodedTraces:
+    """What one OTLP payload yielded."""
+
+    fragments: list[RequestFragment] = field(default_factory=list)
+    spans: int = 0
+    skipped: int = 0
+    rejected: int = 0
+    rejection_reasons: dict[str, int] = field(default_factory=dict)
+
+    def reject(self, reason: str) -> None:
+        self.rejected += 1
+        self.rejection_reasons[reason] = self.rejection_reasons.get(reason, 0) + 1
+
+    def extend(self, other: DecodedTraces) -> None:
+        self.fragments.extend(other.fragments)
+        self.spans += other.spans
+        self.skipped += other.skipped
+        self.rejected += other.rejected
+        for k, v in other.rejection_reasons.items():
+            self.rejection_reasons[k] = self.rejection_reasons.get(k, 0) + v
+
+
+def decompress(body: bytes, encoding: str | None, max_bytes: int) -> bytes:
+    """Undo Content-Encoding (gzip/deflate/identity), never expanding past ``max_bytes``.
+
+    Raises :class:`BadInput` for corrupt data and :class:`PayloadTooLarge` past the limit
+    (a gzip bomb is stopped after ``max_bytes``, not inflated whole).
+    """
+    enc = (encoding or "identity").strip().lower()
+    if enc in ("", "identity"):
+        if len(body) > max_bytes:
+            raise PayloadTooLarge(f"body of {len(body)} bytes exceeds the {max_bytes}-byte limit")
+        return body
+    if enc not in ("gzip", "deflate", "x-gzip"):
+        raise BadInput(f"unsupported Content-Encoding {encoding!r}")
+    wbits = 16 + zlib.MAX_WBITS if enc in ("gzip", "x-gzip") else zlib.MAX_WBITS
+    d = zlib.decompressobj(wbits)
+    try:
+        out = d.decompress(body, max_bytes + 1)
+    except zlib.error as exc:
+        raise BadInput(f"corrupt {enc} body: {exc}") from None
+    if len(out) > max_bytes or d.unconsumed_tail:
+        raise PayloadTooLarge(f"decompressed body exceeds the {max_bytes}-byte limit")
+    if not d.eof:
+        raise BadInput(f"truncated {enc} body")
+    return out
+
+
+class PayloadTooLarge(BadInput):
+    """The (decompressed) body is over the configured limit (HTTP 413)."""
+
+
+def parse_request(body: bytes, content_type: str = "application/x-protobuf") -> ExportTraceServiceRequest:
+    """Bytes -> ExportTraceServiceRequest, protobuf or OTLP/JSON by ``content_type``."""
+    ct = (content_type or "").split(";")[0].strip().lower()
+    msg = ExportTraceServiceRequest()
+    if ct in ("application/x-protobuf", "application/protobuf", "application/octet-stream", ""):
+        try:
+            msg.ParseFromString(body)
+        except (DecodeError, RuntimeError) as exc:
+            raise BadInput(f"undecodable OTLP protobuf: {exc}") from None
+        return msg
+    if ct == "application/json":
+        try:
+            doc = json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise BadInput(f"undecodable OTLP JSON: {exc}") from None
+        try:
+            json_format.ParseDict(_hex_ids_to_base64(doc), msg, ignore_unknown_fields=True)
+        except (json_format.ParseError, TypeError, ValueError, AttributeError) as exc:
+            raise BadInput(f"OTLP JSON does not match ExportTraceServiceRequest: {exc}") from None
+        return msg
+    raise UnsupportedMediaType(f"unsupported Content-Type {content_type!r}")
+
+
+class UnsupportedMediaType(BadInput):
+    """Neither protobuf nor JSON (HTTP 415)."""
+
+
+def _hex_ids_to_base64(doc: Any) -> Any:
+    """OTLP/JSON encodes trace and span ids as hex; protobuf's JSON mapping wants base64."""
+    if isinstance(doc, dict):
+        out = {}
+        for k, v in doc.items():
+            if k in ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id") and isinstance(v, str):
+                try:
+                    out[k] = base64.b64encode(bytes.fromhex(v)).decode()
+                except ValueError:
+                    raise BadInput(f"{k} is not hex: {v[:40]!r}") from None
+            else:
+                out[k] = _hex_ids_to_base64(v)
+        return out
+    if isinstance(doc, list):
+        return [_hex_ids_to_base64(x) for x in doc]
+    return doc
+
+
+def _any_value(v: Any) -> Any:
+    kind = v.WhichOneof("value")
+    if kind == "string_value":
+        return v.string_value
+    if kind == "int_value":
+        return v.int_value
+    if kind == "double_value":
+        return v.double_value
+    if kind == "bool_value":
+        return v.bool_value
+    if kind == "array_value":
+        return [_any_value(x) for x in v.array_value.values]
+    return None
+
+
+def _resource_replica(resource: Any, default: str | None) -> str | None:
+    """``k8s.pod.name`` wins; then the configured default (the sidecar's own pod), then the
+    process-level ids, which are stable only for one process's life."""
+    found: dict[str, str] = {}
+    for kv in resource.attributes:
+        if kv.key in REPLICA_ATTRIBUTES:
+            found[kv.key] = str(_any_value(kv.value))
+    for name in (found.get("k8s.pod.name"), default, *(found.get(k) for k in REPLICA_ATTRIBUTES[1:])):
+        if name:
+            return name
+    return None
+
+
+def _coerce(field_name: str, value: Any) -> Any:
+    if isinstance(value, list):
+        value = value[0] if value else None
+    if value is None:
+        return None
+    if field_name in _INT_FIELDS:
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            return None
+    if field_name in _FLOAT_FIELDS or field_name.endswith("_s"):
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            return None
+    return str(value)
+
+
+def decode_message(msg: ExportTraceServiceRequest, *, default_replica: str | None = None) -> DecodedTraces:
+    out = DecodedTraces()
+    frags = out.fragments
+    for rs in msg.resource_spans:
+        replica = _resource_replica(rs.resource, default_replica)
+        for ss in rs.scope_spans:
+            for span in ss.spans:
+                out.spans += 1
+                if span.name == "llm_request":
+                    _vllm_span(span, replica, out, frags)
+                elif span.kind in (_SPAN_KIND_SERVER, _SPAN_KIND_CLIENT):
+                    _http_span(span, replica, out, frags)
+                else:
+                    out.skipped += 1
+    return out
+
+
+def _vllm_span(span: Any, replica: str | None, out: DecodedTraces, frags: list[RequestFragment]) -> None:
+    trace_id = span.trace_id
+    if len(trace_id) != 16 or trace_id == b"\0" * 16:
+        out.reject("empty or malformed trace id")
+        return
+    values: dict[str, Any] = {}
+    raw_id = None
+    for kv in span.attributes:
+        key = kv.key
+        if key == "gen_ai.request.id":
+            raw_id = kv.value.string_value
+            continue
+        fname = _VLLM_ATTRS.get(key)
+        if fname is not None:
+            values[fname] = _coerce(fname, _any_value(kv.value))
+    if not raw_id:
+        out.reject("llm_request span without gen_ai.request.id")
+        return
+    start_s = span.start_time_unix_nano / 1e9 if span.start_time_unix_nano else None
+    frags.append(
+        RequestFragment(
+            request_id=normalize_request_id(raw_id, from_span=True),
+            source="vllm",
+            fragment_id="vllm:" + span.span_id.hex(),
+            trace_id=trace_id.hex(),
+            replica=replica,
+            arrival_ts=start_s,
+            status="error" if span.status.code == _STATUS_ERROR else None,
+            **values,
+        )
+    )
+
+
+def _http_span(span: Any, replica: str | None, out: DecodedTraces, frags: list[RequestFragment]) -> None:
+    attrs = {kv.key: _any_value(kv.value) for kv in span.attributes}
+    raw_id = None
+    for key in _REQUEST_ID_ATTRS:
+        v = attrs.get(key)
+        if isinstance(v, list):
+            v = v[0] if v else None
+        if v:
+            raw_id = str(v)
+            break
+    if raw_id is None:
+        out.skipped += 1
+        return
+    trace_id = span.trace_id
+    if len(trace_id) != 16 or trace_id == b"\0" * 16:
+        out.reject("empty or malformed trace id")
+        return
+    values: dict[str, Any] = {}
+    for key, fname in _HTTP_ATTRS.items():
+        if key in attrs and values.get(fname) is None:
+            values[fname] = _coerce(fname, attrs[key])
+    source = "client" if span.kind == _SPAN_KIND_CLIENT else "gateway"
+    start_s = span.start_time_unix_nano / 1e9 if span.start_time_unix_nano else None
+    dur = (
+        (span.end_time_unix_nano - span.start_time_unix_nano) / 1e9
+        if span.end_time_unix_nano and span.start_time_unix_nano
+        else None
+    )
+    http_status = values.get("http_status")
+    if span.status.code == _STATUS_ERROR or (http_status is not None and http_status >= 400):
+        status = "error"
+        if http_status == 429:
+            status = "rejected"
+        elif http_status in (408, 504) or values.get("error_type") == "timeout":
+            status = "timeout"
+    elif http_status is not None or dur is not None:
+        status = "ok"
+    else:
+        status = None
+    dur_field = "client_e2e_s" if source == "client" else "gateway_e2e_s"
+    values[dur_field] = dur
+    frags.append(
+        RequestFragment(
+            request_id=normalize_request_id(raw_id),
+            source=source,
+            fragment_id=f"{source}:{span.span_id.hex()}",
+            trace_id=trace_id.hex(),
+            replica=replica if source == "gateway" else None,
+            arrival_ts=start_s,
+            status=status,
+            **values,
+        )
+    )
+
+
+def decode_traces(
+    body: bytes,
+    content_type: str = "application/x-protobuf",
+    content_encoding: str | None = None,
+    *,
+    max_bytes: int = 64 * 1024 * 1024,
+    default_replica: str | None = None,
+) -> DecodedTraces:
+    """Decode one OTLP/HTTP body (as sent over the wire) into fragments.
+
+    Raises BadInput (400), UnsupportedMediaType (415) or PayloadTooLarge (413).
+    """
+    raw = decompress(body, content_encoding, max_bytes)
+    return decode_message(parse_request(raw, content_type), default_replica=default_replica)
+
+
+def sniff_file(data: bytes) -> tuple[bytes, str, str | None]:
+    """Guess (body, content_type, encoding) of a file: gzip magic, JSON's brace, else protobuf."""
+    encoding = "gzip" if data[:2] == b"\x1f\x8b" else None
+    head = data
+    if encoding:
+        try:
+            head = gzip.decompress(data)[:64]
+        except (OSError, EOFError, zlib.error):
+            head = b""
+    ct = "application/json" if head.lstrip()[:1] in (b"{", b"[") else "application/x-protobuf"
+    return data, ct, encoding

@@ -1,0 +1,136 @@
+"""Explain: decomposition, context from engine samples, causes, and what it cannot know."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from slokit.analysis.explain import explain_request, render_text
+from slokit.analysis.slo_spec import parse_spec
+from slokit.errors import NotFound
+from slokit.records import EngineSample, Finding, GpuSample, RequestFragment
+from slokit.store.db import Store, open_store
+
+T0 = 1_795_958_000.0
+
+
+def frag(rid: str, arrival: float, *, queue: float = 0.01, prefill: float = 0.05,
+         decode: float = 1.0, out: int = 101, replica: str = "pod-a", **kw: object) -> RequestFragment:
+    ttft = queue + prefill
+    return RequestFragment(
+        request_id=rid, source="vllm", fragment_id=f"vllm:{rid}", replica=replica,
+        arrival_ts=arrival, queue_s=queue, prefill_s=prefill, decode_s=decode, ttft_s=ttft,
+        e2e_s=ttft + decode, prompt_tokens=200, output_tokens=out, **kw,  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture
+def store() -> Iterator[Store]:
+    with open_store(":memory:") as s:
+        # 40 ordinary peers, then one request that queued 3 s behind a long queue at full KV.
+        s.append_fragments([frag(f"p{i}", T0 + i) for i in range(40)])
+        s.append_fragments([frag("slow", T0 + 30, queue=3.0)])
+        s.append_engine_samples([
+            EngineSample(ts=T0 + t, replica="pod-a", model="tiny", running=8, waiting=w,
+                         kv_usage_ratio=kv, preemptions_total=p,
+                         prefix_cache_queries_total=1000 + 100 * t, prefix_cache_hits_total=500 + 25 * t)
+            for t, w, kv, p in [(0, 0, 0.3, 0), (10, 1, 0.4, 0), (20, 5, 0.8, 0),
+                                (29, 37, 0.98, 1), (31, 40, 0.99, 2), (35, 20, 0.97, 3)]
+        ])
+        yield s
+
+
+def test_unknown_request_raises_not_found(store: Store) -> None:
+    with pytest.raises(NotFound):
+        explain_request(store.con, "missing")
+
+
+def test_components_and_shares_add_up_to_e2e(store: Store) -> None:
+    doc = explain_request(store.con, "slow")
+    c = doc["components"]
+    assert c["queue_s"] == 3.0 and c["prefill_s"] == 0.05 and c["decode_s"] == 1.0
+    assert c["e2e_s"] == pytest.approx(4.05)
+    assert sum(c["shares"].values()) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_queue_dominant_request_names_queue_depth_and_kv_state(store: Store) -> None:
+    doc = explain_request(store.con, "slow")
+    assert doc["dominant"] == "queue"
+    state = doc["context"]["replica_state_at_arrival"]
+    assert (state["waiting"], state["running"], state["kv_usage_ratio"]) == (37, 8, 0.98)
+    assert "behind 37 waiting requests on pod-a" in doc["cause"]
+    assert "KV cache was 98% full" in doc["cause"]
+    assert doc["runbook"] == "runbooks/queue_saturation.md"
+
+
+def test_preemptions_during_life_come_from_counter_deltas(store: Store) -> None:
+    doc = explain_request(store.con, "slow")  # arrival T0+30 (counter 1), finish T0+34.05
+    assert doc["context"]["during"]["preemptions"] == 1  # 1 at T0+29 -> 2 at T0+31
+    assert "1 preemption during its life" in doc["cause"]
+
+
+def test_prefix_hit_ratio_is_the_windowed_counter_ratio(store: Store) -> None:
+    doc = explain_request(store.con, "slow")
+    assert doc["context"]["replica_state_at_arrival"]["prefix_hit_ratio"] == pytest.approx(0.25)
+
+
+def test_slow_request_ranks_at_the_top_of_its_peers(store: Store) -> None:
+    doc = explain_request(store.con, "slow")
+    assert doc["context"]["peers"] == 41
+    assert doc["context"]["percentile_rank"]["e2e_s"]["rank"] == pytest.approx(40.5 / 41)
+
+
+def test_typical_request_gets_no_runbook(store: Store) -> None:
+    doc = explain_request(store.con, "p3")
+    assert doc["runbook"] is None and "typical for its peers" in doc["cause"]
+
+
+def test_missing_sources_are_listed_not_guessed(store: Store) -> None:
+    doc = explain_request(store.con, "slow")
+    assert "no client record: client-side latency unknown" in doc["unknown"]
+    assert any("no GPU samples for pod-a" in u for u in doc["unknown"])
+    assert doc["components"]["client_s"] is None
+
+
+def test_stale_engine_sample_is_a_telemetry_gap(store: Store) -> None:
+    store.append_fragments([frag("late", T0 + 200)])
+    doc = explain_request(store.con, "late")
+    assert doc["context"]["replica_state_at_arrival"] is None
+    assert any("telemetry gap" in u for u in doc["unknown"])
+
+
+def test_client_time_is_what_the_client_waited_beyond_server_e2e(store: Store) -> None:
+    store.append_fragments([RequestFragment("slow", "client", "client:slow", client_e2e_s=4.55,
+                                            client_ttft_s=3.2, status="ok")])
+    doc = explain_request(store.con, "slow")
+    assert doc["components"]["client_s"] == pytest.approx(0.5)
+
+
+def test_active_findings_are_named_and_their_runbook_wins(store: Store) -> None:
+    store.append_findings([Finding("kv_pressure", "critical", 0.9, "pod-a", T0 + 25, T0 + 40,
+                                   "KV 98% with 3 preemptions", {}, "runbooks/kv_pressure.md")])
+    doc = explain_request(store.con, "slow")
+    assert [f["rule"] for f in doc["findings"]] == ["kv_pressure"]
+    assert doc["runbook"] == "runbooks/kv_pressure.md"
+
+
+def test_gpu_state_at_arrival_is_reported(store: Store) -> None:
+    store.append_gpu_samples([GpuSample(ts=T0 + 29.5, node="n1", gpu="0", replica="pod-a",
+                                        util_ratio=0.35, power_w=300.0)])
+    doc = explain_request(store.con, "slow")
+    assert doc["context"]["gpu_at_arrival"]["util_ratio"] == 0.35
+
+
+def test_slo_verdict_uses_the_class_bounds(store: Store) -> None:
+    spec = parse_spec({"slokit": "v1", "service": "s", "classes": [
+        {"name": "all", "good_when": {"ttft_ms": 1000}, "objective": 0.99}]})
+    doc = explain_request(store.con, "slow", spec=spec)
+    assert doc["slo"]["good"] is False
+    assert doc["slo"]["checks"]["ttft_ms"] == {"bound": 1000, "value": 3050.0, "ok": False}
+
+
+def test_text_rendering_shows_cause_components_and_unknowns(store: Store) -> None:
+    text = render_text(explain_request(store.con, "slow"))
+    assert "cause: Queued 3.00 s" in text
+    assert "queue" in text and "cannot know:" in text and "runbooks/queue_saturation.md" in text

@@ -1,0 +1,88 @@
+"""The CLI contract on the real vLLM captures: ingest otlp, then explain."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+from google.protobuf.json_format import MessageToDict
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from slokit.cli import main
+
+
+def _attrs_of(vllm_fixtures: Path, request_id: str) -> dict[str, float]:
+    msg = ExportTraceServiceRequest()
+    msg.ParseFromString((vllm_fixtures / "otlp" / "export_06.pb").read_bytes())
+    for rs in MessageToDict(msg)["resourceSpans"]:
+        for span in rs["scopeSpans"][0]["spans"]:
+            attrs = {a["key"]: next(iter(a["value"].values())) for a in span["attributes"]}
+            if attrs["gen_ai.request.id"] == request_id:
+                return {k: float(v) for k, v in attrs.items() if k.startswith("gen_ai.latency")}
+    raise AssertionError(request_id)
+
+
+def test_ingest_then_explain_json_matches_the_span_attributes(vllm_fixtures: Path, tmp_path: Path) -> None:
+    db = str(tmp_path / "s.duckdb")
+    runner = CliRunner()
+    res = runner.invoke(main, ["ingest", "otlp", str(vllm_fixtures / "otlp"), "--db", db])
+    assert res.exit_code == 0, res.output
+    assert "64 fragments (64 new) -> 64 requests" in res.output
+    res = runner.invoke(main, ["explain", "cmpl-r24-0", "--json", "--db", db])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    span = _attrs_of(vllm_fixtures, "cmpl-r24-0")
+    c = doc["components"]
+    assert doc["request_id"] == "r24"
+    assert c["queue_s"] == span["gen_ai.latency.time_in_queue"]
+    assert c["prefill_s"] == span["gen_ai.latency.time_in_model_prefill"]
+    assert c["decode_s"] == span["gen_ai.latency.time_in_model_decode"]
+    assert c["e2e_s"] == span["gen_ai.latency.e2e"]
+    assert c["ttft_s"] == span["gen_ai.latency.time_to_first_token"]
+    assert doc["dominant"] == "decode"
+    assert set(doc) >= {"request_id", "replica", "model", "status", "timeline", "components",
+                        "dominant", "context", "findings", "slo", "runbook"}
+
+
+def test_both_id_forms_explain_the_same_request(vllm_fixtures: Path, tmp_path: Path) -> None:
+    db = str(tmp_path / "s.duckdb")
+    runner = CliRunner()
+    runner.invoke(main, ["ingest", "otlp", str(vllm_fixtures / "otlp"), "--db", db])
+    a = json.loads(runner.invoke(main, ["explain", "r24", "--json", "--db", db]).output)
+    b = json.loads(runner.invoke(main, ["explain", "cmpl-r24-0", "--json", "--db", db]).output)
+    assert a == b
+
+
+def test_reingesting_the_same_exports_adds_nothing(vllm_fixtures: Path, tmp_path: Path) -> None:
+    db = str(tmp_path / "s.duckdb")
+    runner = CliRunner()
+    runner.invoke(main, ["ingest", "otlp", str(vllm_fixtures / "otlp"), "--db", db])
+    res = runner.invoke(main, ["ingest", "otlp", str(vllm_fixtures / "otlp"), "--db", db])
+    assert "64 fragments (0 new) -> 64 requests" in res.output
+
+
+def test_unknown_request_exits_3_with_a_message(vllm_fixtures: Path, tmp_path: Path) -> None:
+    db = str(tmp_path / "s.duckdb")
+    runner = CliRunner()
+    runner.invoke(main, ["ingest", "otlp", str(vllm_fixtures / "otlp"), "--db", db])
+    res = runner.invoke(main, ["explain", "r999", "--db", db])
+    assert res.exit_code == 3
+    assert "no request 'r999'" in res.output
+
+
+def test_truncated_export_is_rejected_whole_and_others_are_kept(vllm_fixtures: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.pb"
+    bad.write_bytes((vllm_fixtures / "otlp" / "export_06.pb").read_bytes()[:1000])
+    db = str(tmp_path / "s.duckdb")
+    res = CliRunner().invoke(
+        main, ["ingest", "otlp", str(bad), str(vllm_fixtures / "otlp" / "export_06.pb"), "--db", db]
+    )
+    assert res.exit_code == 2
+    assert "rejected" in res.output and "bad.pb" in res.output
+    assert "64 fragments (64 new)" in res.output
+
+
+def test_explain_on_a_missing_database_is_bad_input(tmp_path: Path) -> None:
+    res = CliRunner().invoke(main, ["explain", "r1", "--db", str(tmp_path / "none.duckdb")])
+    assert res.exit_code == 2 and "no slokit database" in res.output

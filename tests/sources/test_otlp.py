@@ -1,0 +1,176 @@
+"""OTLP decoding against the real vLLM 0.32 exports and malformed bodies."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+from google.protobuf.json_format import MessageToDict
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from slokit.errors import BadInput
+from slokit.sources.otlp import (
+    PayloadTooLarge,
+    UnsupportedMediaType,
+    decode_traces,
+    decompress,
+)
+
+
+def _export(vllm_fixtures: Path, n: int) -> bytes:
+    return (vllm_fixtures / "otlp" / f"export_{n:02d}.pb").read_bytes()
+
+
+def _span_attrs(body: bytes) -> dict[str, dict[str, object]]:
+    """request id -> attributes, read independently of slokit with protobuf's JSON mapping."""
+    msg = ExportTraceServiceRequest()
+    msg.ParseFromString(body)
+    out: dict[str, dict[str, object]] = {}
+    for rs in MessageToDict(msg)["resourceSpans"]:
+        for ss in rs["scopeSpans"]:
+            for span in ss["spans"]:
+                attrs = {a["key"]: next(iter(a["value"].values())) for a in span["attributes"]}
+                out[str(attrs["gen_ai.request.id"])] = attrs | {"_start": span["startTimeUnixNano"]}
+    return out
+
+
+def test_llm_request_spans_become_vllm_fragments_with_every_latency(vllm_fixtures: Path) -> None:
+    body = _export(vllm_fixtures, 6)
+    decoded = decode_traces(body)
+    assert decoded.spans == 64 and len(decoded.fragments) == 64 and decoded.rejected == 0
+    expected = _span_attrs(body)["cmpl-r24-0"]
+    frag = next(f for f in decoded.fragments if f.request_id == "r24")
+    assert frag.source == "vllm"
+    assert frag.ttft_s == expected["gen_ai.latency.time_to_first_token"]
+    assert frag.e2e_s == expected["gen_ai.latency.e2e"]
+    assert frag.queue_s == expected["gen_ai.latency.time_in_queue"]
+    assert frag.prefill_s == expected["gen_ai.latency.time_in_model_prefill"]
+    assert frag.decode_s == expected["gen_ai.latency.time_in_model_decode"]
+    assert frag.inference_s == expected["gen_ai.latency.time_in_model_inference"]
+    assert frag.prompt_tokens == int(str(expected["gen_ai.usage.prompt_tokens"]))
+    assert frag.output_tokens == int(str(expected["gen_ai.usage.completion_tokens"]))
+    assert frag.max_tokens == int(str(expected["gen_ai.request.max_tokens"]))
+    assert frag.arrival_ts == pytest.approx(int(str(expected["_start"])) / 1e9)
+
+
+def test_startup_spans_are_skipped_not_rejected(vllm_fixtures: Path) -> None:
+    decoded = decode_traces(_export(vllm_fixtures, 2))
+    assert decoded.fragments == [] and decoded.skipped == 6 and decoded.rejected == 0
+
+
+def test_replica_defaults_to_configured_name_over_process_instance_id(vllm_fixtures: Path) -> None:
+    decoded = decode_traces(_export(vllm_fixtures, 6), default_replica="pod-a")
+    assert {f.replica for f in decoded.fragments} == {"pod-a"}
+
+
+def test_replica_falls_back_to_service_instance_id(vllm_fixtures: Path) -> None:
+    decoded = decode_traces(_export(vllm_fixtures, 6))
+    assert {f.replica for f in decoded.fragments} == {"b9ff1080-fd61-4b5f-a6d6-e0b42a241a05"}
+
+
+def test_gzip_body_decodes_like_the_plain_one(vllm_fixtures: Path) -> None:
+    body = _export(vllm_fixtures, 6)
+    plain = decode_traces(body)
+    zipped = decode_traces(gzip.compress(body), content_encoding="gzip")
+    assert [f.fragment_id for f in zipped.fragments] == [f.fragment_id for f in plain.fragments]
+
+
+def _to_otlp_json(body: bytes) -> bytes:
+    """OTLP/JSON as the spec writes it: hex ids, camelCase keys."""
+    msg = ExportTraceServiceRequest()
+    msg.ParseFromString(body)
+    doc = MessageToDict(msg)
+    import base64
+
+    for rs in doc["resourceSpans"]:
+        for ss in rs["scopeSpans"]:
+            for span in ss["spans"]:
+                for k in ("traceId", "spanId", "parentSpanId"):
+                    if k in span:
+                        span[k] = base64.b64decode(span[k]).hex()
+    return json.dumps(doc).encode()
+
+
+def test_otlp_json_with_hex_ids_decodes_like_protobuf(vllm_fixtures: Path) -> None:
+    body = _export(vllm_fixtures, 6)
+    from_pb = decode_traces(body)
+    from_json = decode_traces(_to_otlp_json(body), "application/json")
+    assert [(f.request_id, f.trace_id, f.ttft_s) for f in from_json.fragments] == [
+        (f.request_id, f.trace_id, f.ttft_s) for f in from_pb.fragments
+    ]
+
+
+def test_truncated_protobuf_is_bad_input(vllm_fixtures: Path) -> None:
+    with pytest.raises(BadInput, match="undecodable OTLP protobuf"):
+        decode_traces(_export(vllm_fixtures, 6)[:-7])
+
+
+def test_broken_json_is_bad_input() -> None:
+    with pytest.raises(BadInput, match="undecodable OTLP JSON"):
+        decode_traces(b'{"resourceSpans": [', "application/json")
+
+
+def test_invalid_utf8_json_is_bad_input() -> None:
+    with pytest.raises(BadInput):
+        decode_traces(b'{"resourceSpans": "\xff\xfe"}', "application/json")
+
+
+def test_unknown_content_type_is_unsupported_media_type() -> None:
+    with pytest.raises(UnsupportedMediaType):
+        decode_traces(b"x", "text/plain")
+
+
+def test_gzip_bomb_stops_at_the_limit_without_inflating_it_all() -> None:
+    bomb = gzip.compress(b"\0" * (8 * 1024 * 1024))
+    with pytest.raises(PayloadTooLarge):
+        decompress(bomb, "gzip", max_bytes=1024 * 1024)
+
+
+def test_corrupt_gzip_is_bad_input() -> None:
+    with pytest.raises(BadInput, match="(corrupt|truncated) gzip"):
+        decompress(b"\x1f\x8b\x08\x00garbage", "gzip", max_bytes=1024)
+
+
+def test_span_with_empty_trace_id_is_rejected_and_counted(vllm_fixtures: Path) -> None:
+    msg = ExportTraceServiceRequest()
+    msg.ParseFromString(_export(vllm_fixtures, 6))
+    spans = msg.resource_spans[0].scope_spans[0].spans
+    spans[0].trace_id = b""
+    spans[1].trace_id = b"\0" * 16
+    decoded = decode_traces(msg.SerializeToString())
+    assert decoded.rejected == 2 and len(decoded.fragments) == 62
+    assert decoded.rejection_reasons == {"empty or malformed trace id": 2}
+
+
+def test_gateway_server_span_with_request_header_becomes_gateway_fragment() -> None:
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+    msg = ExportTraceServiceRequest()
+    rs = msg.resource_spans.add()
+    rs.resource.attributes.add(key="k8s.pod.name", value=AnyValue(string_value="gw-1"))
+    span = rs.scope_spans.add().spans.add()
+    span.trace_id, span.span_id, span.name = b"\x01" * 16, b"\x02" * 8, "POST /v1/chat/completions"
+    span.kind = Span.SPAN_KIND_SERVER
+    span.start_time_unix_nano, span.end_time_unix_nano = 10**18, 10**18 + 1_500_000_000
+    span.attributes.extend([
+        KeyValue(key="http.request.header.x-request-id",
+                 value=AnyValue(array_value=ArrayValue(values=[AnyValue(string_value="abc")]))),
+        KeyValue(key="http.response.status_code", value=AnyValue(int_value=503)),
+        KeyValue(key="gen_ai.usage.input_tokens", value=AnyValue(int_value=12)),
+        KeyValue(key="gen_ai.prompt", value=AnyValue(string_value="SECRET PROMPT")),
+    ])
+    (frag,) = decode_traces(msg.SerializeToString()).fragments
+    assert (frag.request_id, frag.source, frag.replica) == ("abc", "gateway", "gw-1")
+    assert (frag.http_status, frag.status, frag.prompt_tokens) == (503, "error", 12)
+    assert frag.gateway_e2e_s == pytest.approx(1.5)
+    assert "SECRET" not in repr(frag)
+
+
+def test_gzip_with_flipped_bytes_is_bad_input() -> None:
+    data = bytearray(gzip.compress(bytes(range(256)) * 64))
+    data[20:30] = b"\xff" * 10
+    with pytest.raises(BadInput, match="(corrupt|truncated) gzip"):
+        decompress(bytes(data), "gzip", max_bytes=1 << 20)

@@ -1,0 +1,187 @@
+"""The DuckDB store: migrations, fragment merge, idempotency, counter resets."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from slokit.errors import BadInput, StoreBusy
+from slokit.records import EngineSample, HistogramSnapshot, RequestFragment
+from slokit.store import queries as q
+from slokit.store.db import open_store
+from slokit.store.migrations import MIGRATIONS
+
+T0 = 1_795_958_000.0
+
+
+def vllm_frag(rid: str = "r1", **kw: object) -> RequestFragment:
+    base: dict[str, object] = dict(
+        request_id=rid, source="vllm", fragment_id=f"vllm:{rid}", replica="pod-a",
+        arrival_ts=T0, ttft_s=0.2, e2e_s=2.2, queue_s=0.1, prefill_s=0.05, decode_s=2.0,
+        prompt_tokens=100, output_tokens=101,
+    )
+    base.update(kw)
+    return RequestFragment(**base)  # type: ignore[arg-type]
+
+
+def client_frag(rid: str = "r1", **kw: object) -> RequestFragment:
+    base: dict[str, object] = dict(
+        request_id=rid, source="client", fragment_id=f"client:{rid}", arrival_ts=T0 - 0.01,
+        client_ttft_s=0.25, client_e2e_s=2.3, status="ok", http_status=200,
+        slo_class="interactive", prompt_tokens=99, model="tiny",
+    )
+    base.update(kw)
+    return RequestFragment(**base)  # type: ignore[arg-type]
+
+
+def test_new_file_is_migrated_to_the_latest_version(tmp_path: Path) -> None:
+    with open_store(tmp_path / "s.duckdb") as store:
+        assert store.schema_version() == MIGRATIONS[-1].version
+
+
+def test_reopening_applies_no_migration_twice(tmp_path: Path) -> None:
+    path = tmp_path / "s.duckdb"
+    open_store(path).close()
+    with open_store(path) as store:
+        assert store.migrate() == []
+
+
+def test_fragments_from_vllm_and_client_merge_into_one_request() -> None:
+    with open_store(":memory:") as store:
+        store.append_fragments([vllm_frag()])
+        store.append_fragments([client_frag()])
+        rec = q.get_request(store.con, "r1")
+        assert rec is not None
+        assert sorted(rec["sources"]) == ["client", "vllm"]
+        assert rec["ttft_s"] == 0.2 and rec["client_ttft_s"] == 0.25
+        assert rec["prompt_tokens"] == 100  # vLLM's count wins over the client's
+        assert rec["arrival_ts"] == pytest.approx(T0)  # server arrival wins
+        assert rec["slo_class"] == "interactive" and rec["model"] == "tiny"
+        assert rec["tpot_s"] == pytest.approx((2.2 - 0.2) / 100)
+
+
+def test_merge_result_does_not_depend_on_arrival_order() -> None:
+    frags = [vllm_frag(), client_frag(status="timeout", http_status=None),
+             RequestFragment("r1", "quality", "quality:r1", quality_pass=False)]
+    results = []
+    for perm in itertools.permutations(frags):
+        with open_store(":memory:") as store:
+            for f in perm:
+                store.append_fragments([f])
+            rec = q.get_request(store.con, "r1")
+            assert rec is not None
+            rec.pop("updated_at")
+            results.append(rec)
+    assert all(r == results[0] for r in results)
+    assert results[0]["status"] == "timeout" and results[0]["quality_pass"] is False
+
+
+def test_same_span_twice_makes_one_fragment_and_one_record() -> None:
+    with open_store(":memory:") as store:
+        first = store.append_fragments([vllm_frag()])
+        again = store.append_fragments([vllm_frag(), vllm_frag()])
+        assert (first.new, again.new) == (1, 0)
+        assert store.con.execute("SELECT count(*) FROM requests").fetchone() == (1,)
+        assert store.con.execute("SELECT count(*) FROM request_fragments").fetchone() == (1,)
+
+
+def test_client_outcome_wins_over_vllm_ok() -> None:
+    with open_store(":memory:") as store:
+        store.append_fragments([vllm_frag(), client_frag(status="cancelled")])
+        rec = q.get_request(store.con, "r1")
+        assert rec is not None and rec["status"] == "cancelled"
+
+
+def test_vllm_only_request_is_ok_and_timestamps_derive_from_latencies() -> None:
+    with open_store(":memory:") as store:
+        store.append_fragments([vllm_frag()])
+        rec = q.get_request(store.con, "cmpl-r1-0")
+        assert rec is not None and rec["status"] == "ok"
+        assert rec["first_token_ts"] == pytest.approx(T0 + 0.2)
+        assert rec["finish_ts"] == pytest.approx(T0 + 2.2)
+
+
+def test_missing_facts_stay_null() -> None:
+    with open_store(":memory:") as store:
+        store.append_fragments([vllm_frag()])
+        rec = q.get_request(store.con, "r1")
+        assert rec is not None
+        assert rec["client_ttft_s"] is None and rec["quality_pass"] is None
+        assert rec["preemptions"] is None and rec["model"] is None
+
+
+def _engine(ts: float, preemptions: float) -> EngineSample:
+    return EngineSample(ts=ts, replica="pod-a", model="tiny", preemptions_total=preemptions)
+
+
+def test_counter_increase_counts_a_reset_as_a_restart_from_zero() -> None:
+    with open_store(":memory:") as store:
+        store.append_engine_samples(
+            [_engine(T0 + i, v) for i, v in enumerate([10, 12, 15, 2, 5])]
+        )
+        inc = q.counter_increase(store.con, table="engine_samples", column="preemptions_total",
+                                 replica="pod-a", since=T0, until=T0 + 10)
+        assert inc == {"increase": 2 + 3 + 2 + 3, "samples": 5, "resets": 1}
+
+
+def test_counter_increase_starts_from_the_sample_before_the_window() -> None:
+    with open_store(":memory:") as store:
+        store.append_engine_samples([_engine(T0 + i, v) for i, v in enumerate([10, 12, 15, 16])])
+        inc = q.counter_increase(store.con, table="engine_samples", column="preemptions_total",
+                                 replica="pod-a", since=T0 + 1.5, until=T0 + 3)
+        assert inc["increase"] == 4  # 12 (at T0+1) -> 16
+
+
+def test_histograms_are_stored_beside_the_engine_sample() -> None:
+    h = HistogramSnapshot("vllm:time_to_first_token_seconds", [0.1, 1.0, float("inf")],
+                          [1, 3, 4], 2.5, 4)
+    with open_store(":memory:") as store:
+        store.append_engine_samples([EngineSample(T0, "pod-a", "tiny", histograms={h.metric: h})])
+        row = store.con.execute(
+            "SELECT metric, upper_bounds, cumulative_counts, count FROM histogram_samples"
+        ).fetchone()
+        assert row == (h.metric, [0.1, 1.0, float("inf")], [1.0, 3.0, 4.0], 4.0)
+
+
+def test_a_failed_append_writes_nothing() -> None:
+    with open_store(":memory:") as store:
+        bad = vllm_frag()
+        bad.prompt_tokens = "many"  # type: ignore[assignment]
+        with pytest.raises(Exception):  # noqa: B017 - arrow rejects the batch
+            store.append_fragments([vllm_frag("r0"), bad])
+        assert store.con.execute("SELECT count(*) FROM request_fragments").fetchone() == (0,)
+
+
+def test_second_writer_gets_store_busy(tmp_path: Path) -> None:
+    path = tmp_path / "s.duckdb"
+    code = (
+        "import duckdb,sys,time; c=duckdb.connect(sys.argv[1]); "
+        "print('ready', flush=True); time.sleep(30)"
+    )
+    import subprocess
+    import sys
+
+    open_store(path).close()
+    proc = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        with pytest.raises(StoreBusy, match="sidecar"):
+            open_store(path)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_read_only_open_of_a_missing_file_is_bad_input(tmp_path: Path) -> None:
+    with pytest.raises(BadInput, match="no slokit database"):
+        open_store(tmp_path / "nope.duckdb", read_only=True)
+
+
+def test_read_only_open_of_a_foreign_duckdb_file_is_bad_input(tmp_path: Path) -> None:
+    path = tmp_path / "other.duckdb"
+    duckdb.connect(str(path)).close()
+    with pytest.raises(BadInput, match="not a slokit database"):
+        open_store(path, read_only=True)

@@ -17,14 +17,24 @@ def _kv(key: str, value: object) -> KeyValue:
     return KeyValue(key=key, value=AnyValue(string_value=str(value)))
 
 
-def llm_request_export(n: int, *, start_index: int = 0, seed: int = 0, replica: str = "pod-a",
-                       t0: float = 1_795_958_000.0) -> bytes:
+def llm_request_export(
+    n: int,
+    *,
+    start_index: int = 0,
+    seed: int = 0,
+    replica: str = "pod-a",
+    t0: float = 1_795_958_000.0,
+) -> bytes:
     """One ExportTraceServiceRequest body holding ``n`` llm_request spans like vLLM 0.32's."""
     rng = random.Random(seed + start_index)
     req = ExportTraceServiceRequest()
     rs = req.resource_spans.add()
     rs.resource.attributes.extend(
-        [_kv("service.name", "vllm"), _kv("k8s.pod.name", replica), _kv("telemetry.sdk.language", "python")]
+        [
+            _kv("service.name", "vllm"),
+            _kv("k8s.pod.name", replica),
+            _kv("telemetry.sdk.language", "python"),
+        ]
     )
     ss = rs.scope_spans.add()
     ss.scope.name = "vllm.tracing.otel"

@@ -11,11 +11,18 @@ from slokit.errors import BadInput, NotFound, SlokitError
 
 
 class SidecarClient:
-    def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = 30.0,
-                 transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        timeout_s: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers,
-                                  timeout=timeout_s, transport=transport)
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s, transport=transport
+        )
 
     def _get(self, path: str, params: dict[str, Any] | None = None) -> Any:
         try:
@@ -31,8 +38,8 @@ class SidecarClient:
         return resp.json()
 
     def explain(self, request_id: str) -> dict[str, Any]:
-        return self._get(f"/api/explain/{quote(request_id, safe='')}")  # type: ignore[no-any-return]
+        return self._get(f"/api/explain/{quote(request_id, safe='')}")
 
     def diagnose(self, since: str | None = None, until: str | None = None) -> dict[str, Any]:
         params = {k: v for k, v in (("since", since), ("until", until)) if v}
-        return self._get("/api/diagnose", params)  # type: ignore[no-any-return]
+        return self._get("/api/diagnose", params)

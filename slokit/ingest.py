@@ -58,7 +58,10 @@ def _read(path: Path) -> bytes:
 
 
 def _each_file(
-    store: Store, report: IngestReport, paths: list[Path], source: str,
+    store: Store,
+    report: IngestReport,
+    paths: list[Path],
+    source: str,
     handle: Callable[[Path], None],
 ) -> IngestReport:
     for path in paths:
@@ -80,8 +83,13 @@ def _store_fragments(store: Store, report: IngestReport, frags: list[RequestFrag
     report.requests += res.requests_touched
 
 
-def ingest_otlp(store: Store, paths: Iterable[str | Path], *, replica: str | None = None,
-                max_bytes: int = 64 * 1024 * 1024) -> IngestReport:
+def ingest_otlp(
+    store: Store,
+    paths: Iterable[str | Path],
+    *,
+    replica: str | None = None,
+    max_bytes: int = 64 * 1024 * 1024,
+) -> IngestReport:
     """OTLP ``ExportTraceServiceRequest`` files (.pb, .json, gzip or not)."""
     from slokit.sources.otlp import decode_traces, sniff_file
 
@@ -92,8 +100,9 @@ def ingest_otlp(store: Store, paths: Iterable[str | Path], *, replica: str | Non
         body, ct, enc = sniff_file(_read(path))
         decoded = decode_traces(body, ct, enc, max_bytes=max_bytes, default_replica=replica)
         if decoded.rejected:
-            store.record_rejection("otlp", "rejected spans", decoded.rejected,
-                                   f"{path}: {decoded.rejection_reasons}")
+            store.record_rejection(
+                "otlp", "rejected spans", decoded.rejected, f"{path}: {decoded.rejection_reasons}"
+            )
         report.skipped_spans += decoded.skipped
         report.rejected_spans += decoded.rejected
         _store_fragments(store, report, decoded.fragments)
@@ -101,7 +110,58 @@ def ingest_otlp(store: Store, paths: Iterable[str | Path], *, replica: str | Non
     return _each_file(store, report, files, "otlp", handle)
 
 
-def store_samples(store: Store, report: IngestReport,
-                  engine: Sequence[EngineSample], gpu: Sequence[GpuSample]) -> None:
+def store_samples(
+    store: Store, report: IngestReport, engine: Sequence[EngineSample], gpu: Sequence[GpuSample]
+) -> None:
     report.engine_samples += store.append_engine_samples(engine)
     report.gpu_samples += store.append_gpu_samples(gpu)
+
+
+def ingest_metrics(
+    store: Store,
+    paths: Iterable[str | Path],
+    *,
+    instance: str | None = None,
+    default_ts: float | None = None,
+) -> IngestReport:
+    """Prometheus text / OpenMetrics files, with sample timestamps (recorded history) or without
+    (a saved scrape: its samples take ``default_ts``, else the file's modification time)."""
+    from slokit.sources.files import parse_metrics_file
+
+    report = IngestReport()
+    files = expand_paths(paths, ["*.prom", "*.om", "*.txt", "*.openmetrics"])
+
+    def handle(path: Path) -> None:
+        ts = default_ts if default_ts is not None else path.stat().st_mtime
+        recs = parse_metrics_file(_read(path), name=str(path), instance=instance, default_ts=ts)
+        if not recs.engine_samples and not recs.gpu_samples:
+            raise BadInput(f"{path}: no vLLM or DCGM series found")
+        store_samples(store, report, recs.engine_samples, recs.gpu_samples)
+
+    return _each_file(store, report, files, "metrics", handle)
+
+
+def ingest_requests(store: Store, paths: Iterable[str | Path]) -> IngestReport:
+    """Client-side records: ``slokit load`` JSONL or ``vllm bench serve --save-detailed`` JSON."""
+    from slokit.sources.files import parse_requests_file
+
+    report = IngestReport()
+    files = expand_paths(paths, ["*.jsonl", "*.json"])
+
+    def handle(path: Path) -> None:
+        _store_fragments(store, report, parse_requests_file(_read(path), name=str(path)))
+
+    return _each_file(store, report, files, "requests", handle)
+
+
+def ingest_quality(store: Store, paths: Iterable[str | Path]) -> IngestReport:
+    """Quality results: ``request_id,quality_pass`` rows (CSV with header, or JSONL)."""
+    from slokit.sources.files import parse_quality
+
+    report = IngestReport()
+    files = expand_paths(paths, ["*.csv", "*.jsonl"])
+
+    def handle(path: Path) -> None:
+        _store_fragments(store, report, parse_quality(_read(path), name=str(path)))
+
+    return _each_file(store, report, files, "quality", handle)

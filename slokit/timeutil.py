@@ -50,6 +50,6 @@ def iso(ts: float | None) -> str | None:
     """Epoch seconds -> ISO 8601 UTC with milliseconds, or None."""
     if ts is None:
         return None
-    return datetime.fromtimestamp(ts, tz=UTC).isoformat(timespec="milliseconds").replace(
-        "+00:00", "Z"
+    return (
+        datetime.fromtimestamp(ts, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     )

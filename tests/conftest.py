@@ -24,7 +24,5 @@ VLLM_FIXTURES = _fixtures_dir()
 def vllm_fixtures() -> Path:
     """The real vLLM 0.32 captures (../shared/fixtures); their absence is an error, not a skip."""
     if not (VLLM_FIXTURES / "metrics_after_load.prom").exists():
-        raise RuntimeError(
-            f"real vLLM captures not found at {VLLM_FIXTURES}; set SLOKIT_FIXTURES"
-        )
+        raise RuntimeError(f"real vLLM captures not found at {VLLM_FIXTURES}; set SLOKIT_FIXTURES")
     return VLLM_FIXTURES

@@ -115,8 +115,13 @@ def _pct(v: float | None) -> str:
     return "?" if v is None else f"{v * 100:.0f}%"
 
 
-def _cause(rec: dict[str, Any], comps: dict[str, Any], dominant: str, ctx: dict[str, Any],
-           runbook: str | None) -> str:
+def _cause(
+    rec: dict[str, Any],
+    comps: dict[str, Any],
+    dominant: str,
+    ctx: dict[str, Any],
+    runbook: str | None,
+) -> str:
     replica = rec.get("replica") or "its replica"
     state = ctx.get("replica_state_at_arrival") or {}
     during = ctx.get("during") or {}
@@ -140,33 +145,41 @@ def _cause(rec: dict[str, Any], comps: dict[str, Any], dominant: str, ctx: dict[
         prompt = rec.get("prompt_tokens")
         hit = state.get("prefix_hit_ratio")
         hit_txt = f", prefix-cache hit ratio {_pct(hit)}" if hit is not None else ""
-        s = (f"Prefill took {_fmt_s(comps['prefill_s'])}{share_txt} for a "
-             f"{prompt if prompt is not None else '?'}-token prompt on {replica}{hit_txt}{extra}")
+        s = (
+            f"Prefill took {_fmt_s(comps['prefill_s'])}{share_txt} for a "
+            f"{prompt if prompt is not None else '?'}-token prompt on {replica}{hit_txt}{extra}"
+        )
     elif dominant in ("decode", "preemption"):
         out = rec.get("output_tokens")
         tpot = comps.get("tpot_s")
         running = state.get("running")
         batch = f" with {running:.0f} requests running" if running is not None else ""
-        s = (f"Decode of {out if out is not None else '?'} tokens took "
-             f"{_fmt_s(comps['decode_s'])}{share_txt} (TPOT {_fmt_s(tpot)}){batch} on "
-             f"{replica}{extra}")
+        s = (
+            f"Decode of {out if out is not None else '?'} tokens took "
+            f"{_fmt_s(comps['decode_s'])}{share_txt} (TPOT {_fmt_s(tpot)}){batch} on "
+            f"{replica}{extra}"
+        )
         if dominant == "preemption":
             s += "; preemption recompute stretched it"
     elif dominant == "client":
-        s = (f"{_fmt_s(comps['client_s'])}{share_txt} was spent outside the engine "
-             "(network, gateway, HTTP, tokenization)")
+        s = (
+            f"{_fmt_s(comps['client_s'])}{share_txt} was spent outside the engine "
+            "(network, gateway, HTTP, tokenization)"
+        )
     else:
         return "Not enough timing data to say where the time went."
     rank = (ctx.get("percentile_rank") or {}).get("e2e_s")
     if rank and rank.get("rank") is not None and ctx.get("peers", 0) >= 10:
-        s += f"; its E2E is at the {_ordinal(rank['rank'] * 100)} percentile of {ctx['peers']} peers"
+        s += (
+            f"; its E2E is at the {_ordinal(rank['rank'] * 100)} percentile of {ctx['peers']} peers"
+        )
     if runbook:
         s += f"; see {runbook}"
     return s + "."
 
 
 def _ordinal(p: float) -> str:
-    n = int(round(p))
+    n = round(p)
     suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
     return f"{n}{suffix}"
 
@@ -188,9 +201,13 @@ def _slo(rec: dict[str, Any], spec: SloSpec | None) -> dict[str, Any] | None:
     if cls is None:
         return {"class": None, "good": None, "reason": "matches no SLO class"}
     measured = {
-        "ttft_ms": rec.get("client_ttft_s") if rec.get("client_ttft_s") is not None else rec.get("ttft_s"),
+        "ttft_ms": rec.get("client_ttft_s")
+        if rec.get("client_ttft_s") is not None
+        else rec.get("ttft_s"),
         "tpot_ms": rec.get("tpot_s"),
-        "e2e_ms": rec.get("client_e2e_s") if rec.get("client_e2e_s") is not None else rec.get("e2e_s"),
+        "e2e_ms": rec.get("client_e2e_s")
+        if rec.get("client_e2e_s") is not None
+        else rec.get("e2e_s"),
     }
     checks = {}
     good: bool | None = rec.get("status") == "ok"
@@ -221,8 +238,8 @@ def explain_request(
         raise NotFound(f"no request {request_id!r} in the store")
     unknown: list[str] = []
     comps = _components(rec)
-    arrival = rec.get("arrival_ts")
-    finish = rec.get("finish_ts") or arrival
+    arrival: float | None = rec.get("arrival_ts")
+    finish: float = rec.get("finish_ts") or arrival or 0.0
     replica = rec.get("replica")
     ctx: dict[str, Any] = {"replica_state_at_arrival": None, "during": None, "gpu_at_arrival": None}
     for missing, what in (
@@ -249,14 +266,30 @@ def explain_request(
         state = q.engine_sample_at(con, replica, arrival, max_age_s=opt.max_sample_age_s)
         if state is None:
             if q.has_rows(con, "engine_samples", replica):
-                unknown.append(f"no engine sample of {replica} within {opt.max_sample_age_s:.0f} s before arrival (telemetry gap)")
+                unknown.append(
+                    f"no engine sample of {replica} within {opt.max_sample_age_s:.0f} s before arrival (telemetry gap)"
+                )
             else:
-                unknown.append(f"no engine samples for replica {replica}: queue depth and KV state unknown")
+                unknown.append(
+                    f"no engine samples for replica {replica}: queue depth and KV state unknown"
+                )
         else:
-            hits = q.counter_increase(con, table="engine_samples", column="prefix_cache_hits_total",
-                                      replica=replica, since=arrival - opt.prefix_window_s, until=arrival)
-            queries = q.counter_increase(con, table="engine_samples", column="prefix_cache_queries_total",
-                                         replica=replica, since=arrival - opt.prefix_window_s, until=arrival)
+            hits = q.counter_increase(
+                con,
+                table="engine_samples",
+                column="prefix_cache_hits_total",
+                replica=replica,
+                since=arrival - opt.prefix_window_s,
+                until=arrival,
+            )
+            queries = q.counter_increase(
+                con,
+                table="engine_samples",
+                column="prefix_cache_queries_total",
+                replica=replica,
+                since=arrival - opt.prefix_window_s,
+                until=arrival,
+            )
             hit_ratio = None
             if hits["increase"] is not None and queries["increase"]:
                 hit_ratio = hits["increase"] / queries["increase"]
@@ -269,8 +302,14 @@ def explain_request(
                 "prefix_hit_ratio": hit_ratio,
                 "num_gpu_blocks": state["num_gpu_blocks"],
             }
-            pre = q.counter_increase(con, table="engine_samples", column="preemptions_total",
-                                     replica=replica, since=arrival, until=finish)
+            pre = q.counter_increase(
+                con,
+                table="engine_samples",
+                column="preemptions_total",
+                replica=replica,
+                since=arrival,
+                until=finish,
+            )
             ext = q.engine_extremes(con, replica, arrival, finish) or {}
             ctx["during"] = {
                 "preemptions": pre["increase"],
@@ -292,7 +331,17 @@ def explain_request(
         if gpu is None:
             unknown.append(f"no GPU samples for {replica}: GPU utilization unknown")
         else:
-            ctx["gpu_at_arrival"] = {k: gpu[k] for k in ("gpu", "util_ratio", "mem_used_mib", "power_w", "sm_clock_mhz", "xid_last")}
+            ctx["gpu_at_arrival"] = {
+                k: gpu[k]
+                for k in (
+                    "gpu",
+                    "util_ratio",
+                    "mem_used_mib",
+                    "power_w",
+                    "sm_clock_mhz",
+                    "xid_last",
+                )
+            }
     findings = []
     if arrival is not None:
         findings = [
@@ -318,7 +367,9 @@ def explain_request(
         "slo_class": rec.get("slo_class"),
         "status": rec.get("status"),
         "sources": list(rec["sources"]),
-        "tokens": {k: rec.get(k) for k in ("prompt_tokens", "output_tokens", "cached_tokens", "max_tokens")},
+        "tokens": {
+            k: rec.get(k) for k in ("prompt_tokens", "output_tokens", "cached_tokens", "max_tokens")
+        },
         "timeline": _timeline(rec),
         "components": comps,
         "dominant": dominant,
@@ -350,7 +401,7 @@ def render_text(doc: dict[str, Any]) -> str:
         if v is None:
             continue
         share = c["shares"].get(key[:-2])
-        bar = "#" * int(round((share or 0) * 40))
+        bar = "#" * round((share or 0) * 40)
         lines.append(f"  {key[:-2]:<8} {v * 1000:10.1f} ms  {_pct(share):>4}  {bar}")
     for key in ("ttft_s", "tpot_s", "e2e_s", "client_ttft_s", "client_e2e_s"):
         if c.get(key) is not None:
@@ -358,7 +409,10 @@ def render_text(doc: dict[str, Any]) -> str:
     ctx = doc["context"]
     ranks = ctx.get("percentile_rank") or {}
     if ranks:
-        lines += ["", f"vs {ctx.get('peers', 0)} peers (same class, +/-{ctx.get('peer_window_s', 0):.0f} s):"]
+        lines += [
+            "",
+            f"vs {ctx.get('peers', 0)} peers (same class, +/-{ctx.get('peer_window_s', 0):.0f} s):",
+        ]
         for k, r in ranks.items():
             if r.get("rank") is not None:
                 lines.append(

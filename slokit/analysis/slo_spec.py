@@ -66,7 +66,9 @@ class _LineLoader(yaml.SafeLoader):
 
 
 def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> dict[str, Any]:
-    mapping = loader.construct_mapping(node, deep=True)
+    mapping: dict[str, Any] = {
+        str(k): v for k, v in loader.construct_mapping(node, deep=True).items()
+    }
     mapping["__line__"] = node.start_mark.line + 1
     return mapping
 
@@ -84,7 +86,9 @@ class _Ctx:
         return BadInput(f"{where}: {path}: {msg}")
 
 
-def _number(ctx: _Ctx, parent: dict[str, Any], key: str, path: str, *, positive: bool = True) -> float:
+def _number(
+    ctx: _Ctx, parent: dict[str, Any], key: str, path: str, *, positive: bool = True
+) -> float:
     v = parent[key]
     if isinstance(v, bool) or not isinstance(v, int | float):
         raise ctx.fail(parent, f"{path}.{key}", f"must be a number, got {v!r}")
@@ -116,7 +120,11 @@ def _parse_class(ctx: _Ctx, raw: Any, i: int) -> SloClass:
         if k == "__line__":
             continue
         if k not in MATCHABLE_FIELDS:
-            raise ctx.fail(match_raw, f"{path}.match.{k}", f"not a request field; one of {list(MATCHABLE_FIELDS)}")
+            raise ctx.fail(
+                match_raw,
+                f"{path}.match.{k}",
+                f"not a request field; one of {list(MATCHABLE_FIELDS)}",
+            )
         vals = v if isinstance(v, list) else [v]
         match[k] = tuple(str(x) for x in vals)
     good = raw.get("good_when") or {}
@@ -127,7 +135,9 @@ def _parse_class(ctx: _Ctx, raw: Any, i: int) -> SloClass:
         if k == "__line__":
             continue
         if k not in BOUND_KEYS:
-            raise ctx.fail(good, f"{path}.good_when.{k}", f"unknown bound; one of {list(BOUND_KEYS)}")
+            raise ctx.fail(
+                good, f"{path}.good_when.{k}", f"unknown bound; one of {list(BOUND_KEYS)}"
+            )
         bounds[k] = _number(ctx, good, k, f"{path}.good_when")
     return SloClass(name=name, objective=objective, match=match, **bounds)
 
@@ -179,7 +189,7 @@ def load_spec(path: str | Path) -> SloSpec:
     except OSError as exc:
         raise BadInput(f"cannot read SLO spec {p}: {exc.strerror}") from None
     try:
-        doc = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - SafeLoader subclass
+        doc = yaml.load(text, Loader=_LineLoader)
     except yaml.YAMLError as exc:
         raise BadInput(f"{p}: not valid YAML: {exc}") from None
     return parse_spec(doc, source=str(p))

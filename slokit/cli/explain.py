@@ -12,12 +12,23 @@ from slokit.cli._common import db_option, handle_errors, print_json
 @click.option("--json", "as_json", is_flag=True, help="Print the explain document as JSON.")
 @db_option
 @click.option("--sidecar", metavar="URL", help="Ask a running sidecar's API instead of the file.")
-@click.option("--slo", "slo_file", type=click.Path(dir_okay=False), envvar="SLOKIT_SLO",
-              help="SLO spec: judge the request against its class.")
+@click.option(
+    "--slo",
+    "slo_file",
+    type=click.Path(dir_okay=False),
+    envvar="SLOKIT_SLO",
+    help="SLO spec: judge the request against its class.",
+)
 @click.option("--token", envvar="SLOKIT_TOKEN", help="Bearer token for --sidecar.")
 @handle_errors
-def command(request_id: str, as_json: bool, db: str, sidecar: str | None,
-            slo_file: str | None, token: str | None) -> None:
+def command(
+    request_id: str,
+    as_json: bool,
+    db: str,
+    sidecar: str | None,
+    slo_file: str | None,
+    token: str | None,
+) -> None:
     """Explain REQUEST_ID (either form: r24 or cmpl-r24-0).
 
     Exit 0 when answered, 3 when the request is not found.

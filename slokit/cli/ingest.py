@@ -15,7 +15,9 @@ def _report(rep: object) -> None:
     assert isinstance(rep, IngestReport)
     parts = [f"{rep.files} file(s)"]
     if rep.fragments:
-        parts.append(f"{rep.fragments} fragments ({rep.new_fragments} new) -> {rep.requests} requests")
+        parts.append(
+            f"{rep.fragments} fragments ({rep.new_fragments} new) -> {rep.requests} requests"
+        )
     if rep.skipped_spans:
         parts.append(f"{rep.skipped_spans} spans skipped (not request spans)")
     if rep.rejected_spans:
@@ -46,3 +48,51 @@ def otlp(paths: tuple[str, ...], replica: str | None, db: str) -> None:
 
     with open_store(db) as store:
         _report(ingest_otlp(store, paths, replica=replica))
+
+
+@command.command("metrics")
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.option("--instance", help="Replica name for samples without an `instance` label.")
+@click.option(
+    "--ts",
+    "ts",
+    metavar="T",
+    help="Time of samples that carry no timestamp (default: the file's mtime).",
+)
+@db_option
+@handle_errors
+def metrics(paths: tuple[str, ...], instance: str | None, ts: str | None, db: str) -> None:
+    """Prometheus text / OpenMetrics files (vLLM and dcgm-exporter series)."""
+    from slokit.ingest import ingest_metrics
+    from slokit.store.db import open_store
+    from slokit.timeutil import parse_time
+
+    default_ts = parse_time(ts) if ts else None
+    with open_store(db) as store:
+        _report(ingest_metrics(store, paths, instance=instance, default_ts=default_ts))
+
+
+@command.command("requests")
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@db_option
+@handle_errors
+def requests_(paths: tuple[str, ...], db: str) -> None:
+    """Client records: slokit load JSONL or `vllm bench serve --save-detailed` JSON."""
+    from slokit.ingest import ingest_requests
+    from slokit.store.db import open_store
+
+    with open_store(db) as store:
+        _report(ingest_requests(store, paths))
+
+
+@command.command("quality")
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@db_option
+@handle_errors
+def quality(paths: tuple[str, ...], db: str) -> None:
+    """Quality results: request_id,quality_pass rows (CSV with a header, or JSONL)."""
+    from slokit.ingest import ingest_quality
+    from slokit.store.db import open_store
+
+    with open_store(db) as store:
+        _report(ingest_quality(store, paths))

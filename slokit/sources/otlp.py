@@ -37,6 +37,7 @@ REPLICA_ATTRIBUTES = ("k8s.pod.name", "service.instance.id", "host.name")
 _SPAN_KIND_SERVER = 2
 _SPAN_KIND_CLIENT = 3
 _STATUS_ERROR = 2
+_ZERO_TRACE = b"\0" * 16
 
 #: vLLM llm_request attribute -> RequestFragment field.
 _VLLM_ATTRS: dict[str, str] = {
@@ -142,7 +143,9 @@ class PayloadTooLarge(BadInput):
     """The (decompressed) body is over the configured limit (HTTP 413)."""
 
 
-def parse_request(body: bytes, content_type: str = "application/x-protobuf") -> ExportTraceServiceRequest:
+def parse_request(
+    body: bytes, content_type: str = "application/x-protobuf"
+) -> ExportTraceServiceRequest:
     """Bytes -> ExportTraceServiceRequest, protobuf or OTLP/JSON by ``content_type``."""
     ct = (content_type or "").split(";")[0].strip().lower()
     msg = ExportTraceServiceRequest()
@@ -174,7 +177,14 @@ def _hex_ids_to_base64(doc: Any) -> Any:
     if isinstance(doc, dict):
         out = {}
         for k, v in doc.items():
-            if k in ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id") and isinstance(v, str):
+            if k in (
+                "traceId",
+                "spanId",
+                "parentSpanId",
+                "trace_id",
+                "span_id",
+                "parent_span_id",
+            ) and isinstance(v, str):
                 try:
                     out[k] = base64.b64encode(bytes.fromhex(v)).decode()
                 except ValueError:
@@ -209,7 +219,11 @@ def _resource_replica(resource: Any, default: str | None) -> str | None:
     for kv in resource.attributes:
         if kv.key in REPLICA_ATTRIBUTES:
             found[kv.key] = str(_any_value(kv.value))
-    for name in (found.get("k8s.pod.name"), default, *(found.get(k) for k in REPLICA_ATTRIBUTES[1:])):
+    for name in (
+        found.get("k8s.pod.name"),
+        default,
+        *(found.get(k) for k in REPLICA_ATTRIBUTES[1:]),
+    ):
         if name:
             return name
     return None
@@ -233,7 +247,9 @@ def _coerce(field_name: str, value: Any) -> Any:
     return str(value)
 
 
-def decode_message(msg: ExportTraceServiceRequest, *, default_replica: str | None = None) -> DecodedTraces:
+def decode_message(
+    msg: ExportTraceServiceRequest, *, default_replica: str | None = None
+) -> DecodedTraces:
     out = DecodedTraces()
     frags = out.fragments
     for rs in msg.resource_spans:
@@ -250,9 +266,12 @@ def decode_message(msg: ExportTraceServiceRequest, *, default_replica: str | Non
     return out
 
 
-def _vllm_span(span: Any, replica: str | None, out: DecodedTraces, frags: list[RequestFragment]) -> None:
+def _vllm_span(
+    span: Any, replica: str | None, out: DecodedTraces, frags: list[RequestFragment]
+) -> None:
+    # The hot path of ingest: one pass over the attributes, no per-attribute function calls.
     trace_id = span.trace_id
-    if len(trace_id) != 16 or trace_id == b"\0" * 16:
+    if len(trace_id) != 16 or trace_id == _ZERO_TRACE:
         out.reject("empty or malformed trace id")
         return
     values: dict[str, Any] = {}
@@ -263,12 +282,31 @@ def _vllm_span(span: Any, replica: str | None, out: DecodedTraces, frags: list[R
             raw_id = kv.value.string_value
             continue
         fname = _VLLM_ATTRS.get(key)
-        if fname is not None:
-            values[fname] = _coerce(fname, _any_value(kv.value))
+        if fname is None:
+            continue
+        v = kv.value
+        which = v.WhichOneof("value")
+        if which == "double_value":
+            x: Any = v.double_value
+        elif which == "int_value":
+            x = v.int_value
+        elif which == "string_value":
+            x = v.string_value
+        else:
+            continue
+        try:
+            if fname in _INT_FIELDS:
+                values[fname] = int(x)
+            elif fname.endswith("_s"):
+                values[fname] = float(x)
+            else:
+                values[fname] = str(x)
+        except ValueError:
+            continue  # a malformed value is a missing fact, not a guess
     if not raw_id:
         out.reject("llm_request span without gen_ai.request.id")
         return
-    start_s = span.start_time_unix_nano / 1e9 if span.start_time_unix_nano else None
+    start_ns = span.start_time_unix_nano
     frags.append(
         RequestFragment(
             request_id=normalize_request_id(raw_id, from_span=True),
@@ -276,14 +314,16 @@ def _vllm_span(span: Any, replica: str | None, out: DecodedTraces, frags: list[R
             fragment_id="vllm:" + span.span_id.hex(),
             trace_id=trace_id.hex(),
             replica=replica,
-            arrival_ts=start_s,
+            arrival_ts=start_ns / 1e9 if start_ns else None,
             status="error" if span.status.code == _STATUS_ERROR else None,
             **values,
         )
     )
 
 
-def _http_span(span: Any, replica: str | None, out: DecodedTraces, frags: list[RequestFragment]) -> None:
+def _http_span(
+    span: Any, replica: str | None, out: DecodedTraces, frags: list[RequestFragment]
+) -> None:
     attrs = {kv.key: _any_value(kv.value) for kv in span.attributes}
     raw_id = None
     for key in _REQUEST_ID_ATTRS:

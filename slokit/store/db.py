@@ -19,6 +19,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from slokit.errors import BadInput, StoreBusy
 from slokit.records import (
@@ -29,10 +30,16 @@ from slokit.records import (
     RequestFragment,
     ScrapeResult,
 )
-from slokit.store.merge import merge_sql
+from slokit.store.merge import merge_sql, sql_string_list
 from slokit.store.migrations import MIGRATIONS
 
 _TS = pa.timestamp("us", tz="UTC")
+
+#: Request ids merged per statement: small enough that DuckDB looks them up in the ART indexes
+#: (index_scan_max_count defaults to 2048) instead of scanning tables that grow without bound.
+MERGE_CHUNK = 2000
+#: One index lookup costs about as much as scanning this many rows (measured on DuckDB 2.0).
+INDEX_LOOKUP_COST_ROWS = 700
 
 _FRAGMENT_TYPES: dict[str, pa.DataType] = {
     "request_id": pa.string(),
@@ -53,6 +60,12 @@ for _name in FRAGMENT_FIELDS:
         _FRAGMENT_TYPES[_name] = pa.float64()
     else:
         _FRAGMENT_TYPES.setdefault(_name, pa.string())
+
+
+def _run(con: duckdb.DuckDBPyConnection, sql: str, params: Any = None) -> None:
+    """Execute a statement and consume its result (DuckDB 2 refuses further work on a
+    connection whose last result is unfinished)."""
+    con.execute(sql, params).fetchall()
 
 
 def _ts_us(values: Sequence[float | None]) -> pa.Array:
@@ -77,13 +90,19 @@ class Store:
     """A DuckDB file holding slokit's records. Not thread-safe for concurrent writers:
     the sidecar funnels writes through one writer; readers use :meth:`cursor`."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, path: str, read_only: bool,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        path: str,
+        read_only: bool,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.con = con
         self.path = path
         self.read_only = read_only
         self.clock = clock
         self._lock = threading.RLock()
+        self._rows_estimate: int | None = None  # fragments stored, to choose a merge plan
 
     # -- lifecycle -------------------------------------------------------------------------
     def close(self) -> None:
@@ -96,14 +115,15 @@ class Store:
         self.close()
 
     def schema_version(self) -> int:
-        row = self.con.execute("SELECT max(version) FROM schema_migrations").fetchone()
-        return int(row[0]) if row and row[0] is not None else 0
+        rows = self.con.execute("SELECT max(version) FROM schema_migrations").fetchall()
+        return int(rows[0][0]) if rows and rows[0][0] is not None else 0
 
     def migrate(self) -> list[int]:
         """Apply pending migrations in order; returns the versions applied."""
-        self.con.execute(
+        _run(
+            self.con,
             "CREATE TABLE IF NOT EXISTS schema_migrations ("
-            "version INTEGER PRIMARY KEY, name VARCHAR NOT NULL, applied_at TIMESTAMPTZ NOT NULL)"
+            "version INTEGER PRIMARY KEY, name VARCHAR NOT NULL, applied_at TIMESTAMPTZ NOT NULL)",
         )
         current = self.schema_version()
         applied = []
@@ -111,8 +131,9 @@ class Store:
             if m.version <= current:
                 continue
             with self.transaction():
-                self.con.execute(m.sql)
-                self.con.execute(
+                _run(self.con, m.sql)
+                _run(
+                    self.con,
                     "INSERT INTO schema_migrations VALUES (?, ?, to_timestamp(?))",
                     [m.version, m.name, self.clock()],
                 )
@@ -122,13 +143,13 @@ class Store:
     @contextmanager
     def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
         with self._lock:
-            self.con.execute("BEGIN TRANSACTION")
+            _run(self.con, "BEGIN TRANSACTION")
             try:
                 yield self.con
             except BaseException:
-                self.con.execute("ROLLBACK")
+                _run(self.con, "ROLLBACK")
                 raise
-            self.con.execute("COMMIT")
+            _run(self.con, "COMMIT")
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A cursor for reads from another thread (same database, own connection state)."""
@@ -156,7 +177,8 @@ class Store:
             try:
                 before = self._count(con, "request_fragments")
                 # Within one batch, keep the first copy of a fragment id.
-                con.execute(
+                _run(
+                    con,
                     f"""
                     INSERT OR IGNORE INTO request_fragments (ingested_at, {cols})
                     SELECT to_timestamp(?), {cols} FROM (
@@ -166,24 +188,42 @@ class Store:
                     [now],
                 )
                 new = self._count(con, "request_fragments") - before
-                con.execute(
-                    "CREATE OR REPLACE TEMP TABLE _touched AS "
-                    "SELECT DISTINCT request_id FROM _batch"
-                )
-                touched = self._count(con, "_touched")
-                con.execute(
-                    "DELETE FROM requests WHERE request_id IN (SELECT request_id FROM _touched)"
-                )
-                con.execute("INSERT INTO requests " + merge_sql("_touched"))
-                con.execute("DROP TABLE _touched")
+                if self._rows_estimate is not None:
+                    self._rows_estimate += new
+                ids = pc.unique(table.column("request_id"))
+                touched = len(ids)
+                self._merge(con, ids)
             finally:
                 con.unregister("_batch")
         return AppendResult(n, new, touched)
 
+    def _merge(self, con: duckdb.DuckDBPyConnection, ids: pa.Array) -> None:
+        """Re-merge the ``requests`` rows of ``ids`` from all their fragments.
+
+        Two plans with the same result: a few ids against a big table are looked up in the ART
+        indexes (constant IN lists); many ids, or a small table, are joined in one scan.
+        """
+        if self._rows_estimate is None:
+            self._rows_estimate = self._count(con, "request_fragments")
+        if len(ids) * INDEX_LOOKUP_COST_ROWS < self._rows_estimate:
+            values = ids.to_pylist()
+            for i in range(0, len(values), MERGE_CHUNK):
+                pred = f"request_id IN ({sql_string_list(values[i : i + MERGE_CHUNK])})"
+                _run(con, f"DELETE FROM requests WHERE {pred}")
+                _run(con, "INSERT INTO requests " + merge_sql(pred))
+        else:
+            con.register("_ids", pa.table({"request_id": ids}))
+            try:
+                pred = "request_id IN (SELECT request_id FROM _ids)"
+                _run(con, f"DELETE FROM requests WHERE {pred}")
+                _run(con, "INSERT INTO requests " + merge_sql(pred))
+            finally:
+                con.unregister("_ids")
+
     @staticmethod
     def _count(con: duckdb.DuckDBPyConnection, table: str) -> int:
-        row = con.execute(f"SELECT count(*) FROM {table}").fetchone()
-        return int(row[0]) if row else 0
+        rows = con.execute(f"SELECT count(*) FROM {table}").fetchall()
+        return int(rows[0][0])
 
     def _append_rows(self, table: str, columns: dict[str, pa.Array]) -> int:
         t = pa.table(columns)
@@ -193,7 +233,7 @@ class Store:
         with self.transaction() as con:
             con.register("_rows", t)
             try:
-                con.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM _rows")
+                _run(con, f"INSERT INTO {table} ({names}) SELECT {names} FROM _rows")
             finally:
                 con.unregister("_rows")
         return t.num_rows
@@ -298,7 +338,8 @@ class Store:
 
     def record_rejection(self, source: str, reason: str, count: int, detail: str | None) -> None:
         with self.transaction() as con:
-            con.execute(
+            _run(
+                con,
                 "INSERT INTO ingest_rejections VALUES (to_timestamp(?), ?, ?, ?, ?)",
                 [self.clock(), source, reason, count, detail],
             )
@@ -330,7 +371,7 @@ def open_store(
         raise BadInput(f"cannot open {p}: {msg}") from None
     except duckdb.Error as exc:
         raise BadInput(f"cannot open {p} as a DuckDB database: {exc}") from None
-    con.execute("SET TimeZone = 'UTC'")
+    _run(con, "SET TimeZone = 'UTC'")
     store = Store(con, p, read_only, clock)
     if not read_only:
         store.migrate()
@@ -342,7 +383,7 @@ def open_store(
 
 def store_version(con: duckdb.DuckDBPyConnection) -> int:
     try:
-        row = con.execute("SELECT max(version) FROM schema_migrations").fetchone()
+        rows = con.execute("SELECT max(version) FROM schema_migrations").fetchall()
     except duckdb.CatalogException:
         return 0
-    return int(row[0]) if row and row[0] is not None else 0
+    return int(rows[0][0]) if rows and rows[0][0] is not None else 0

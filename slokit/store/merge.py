@@ -30,8 +30,15 @@ def _pick(field: str) -> str:
     return f"arg_min({field}, {rank}) FILTER (WHERE {field} IS NOT NULL) AS {field}"
 
 
-def merge_sql(ids_relation: str) -> str:
-    """SQL that selects merged ``requests`` rows for the ids in ``ids_relation(request_id)``."""
+def sql_string_list(values: list[str]) -> str:
+    """A constant SQL list of string literals. DuckDB answers ``col IN (<constants>)`` from the
+    column's ART index, where a subquery or join would scan the whole table."""
+    return ", ".join("'" + v.replace("'", "''") + "'" for v in values)
+
+
+def merge_sql(ids_filter: str) -> str:
+    """SQL selecting merged ``requests`` rows for the fragments matching ``ids_filter``
+    (a predicate on ``request_id``, e.g. ``request_id IN ('a', 'b')``)."""
     picks = ",\n    ".join(_pick(f) for f in MERGED_FIELDS)
     cols = ", ".join(MERGED_FIELDS)
     return f"""
@@ -40,7 +47,7 @@ WITH frag AS (
            {_rank(_DEFAULT_ORDER)} AS rank_default,
            {_rank(_OUTCOME_ORDER)} AS rank_outcome
     FROM request_fragments
-    WHERE request_id IN (SELECT request_id FROM {ids_relation})
+    WHERE {ids_filter}
 ), picked AS (
     SELECT request_id,
     {picks},

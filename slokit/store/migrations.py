@@ -60,6 +60,7 @@ CREATE TABLE request_fragments (
     ingested_at TIMESTAMPTZ NOT NULL,
     {_REQUEST_COLUMNS}
 );
+CREATE INDEX request_fragments_request_id ON request_fragments (request_id);
 CREATE TABLE requests (
     request_id VARCHAR NOT NULL,
     {_REQUEST_COLUMNS},

@@ -15,13 +15,32 @@ from slokit.store.db import Store, open_store
 T0 = 1_795_958_000.0
 
 
-def frag(rid: str, arrival: float, *, queue: float = 0.01, prefill: float = 0.05,
-         decode: float = 1.0, out: int = 101, replica: str = "pod-a", **kw: object) -> RequestFragment:
+def frag(
+    rid: str,
+    arrival: float,
+    *,
+    queue: float = 0.01,
+    prefill: float = 0.05,
+    decode: float = 1.0,
+    out: int = 101,
+    replica: str = "pod-a",
+    **kw: object,
+) -> RequestFragment:
     ttft = queue + prefill
     return RequestFragment(
-        request_id=rid, source="vllm", fragment_id=f"vllm:{rid}", replica=replica,
-        arrival_ts=arrival, queue_s=queue, prefill_s=prefill, decode_s=decode, ttft_s=ttft,
-        e2e_s=ttft + decode, prompt_tokens=200, output_tokens=out, **kw,  # type: ignore[arg-type]
+        request_id=rid,
+        source="vllm",
+        fragment_id=f"vllm:{rid}",
+        replica=replica,
+        arrival_ts=arrival,
+        queue_s=queue,
+        prefill_s=prefill,
+        decode_s=decode,
+        ttft_s=ttft,
+        e2e_s=ttft + decode,
+        prompt_tokens=200,
+        output_tokens=out,
+        **kw,  # type: ignore[arg-type]
     )
 
 
@@ -31,13 +50,29 @@ def store() -> Iterator[Store]:
         # 40 ordinary peers, then one request that queued 3 s behind a long queue at full KV.
         s.append_fragments([frag(f"p{i}", T0 + i) for i in range(40)])
         s.append_fragments([frag("slow", T0 + 30, queue=3.0)])
-        s.append_engine_samples([
-            EngineSample(ts=T0 + t, replica="pod-a", model="tiny", running=8, waiting=w,
-                         kv_usage_ratio=kv, preemptions_total=p,
-                         prefix_cache_queries_total=1000 + 100 * t, prefix_cache_hits_total=500 + 25 * t)
-            for t, w, kv, p in [(0, 0, 0.3, 0), (10, 1, 0.4, 0), (20, 5, 0.8, 0),
-                                (29, 37, 0.98, 1), (31, 40, 0.99, 2), (35, 20, 0.97, 3)]
-        ])
+        s.append_engine_samples(
+            [
+                EngineSample(
+                    ts=T0 + t,
+                    replica="pod-a",
+                    model="tiny",
+                    running=8,
+                    waiting=w,
+                    kv_usage_ratio=kv,
+                    preemptions_total=p,
+                    prefix_cache_queries_total=1000 + 100 * t,
+                    prefix_cache_hits_total=500 + 25 * t,
+                )
+                for t, w, kv, p in [
+                    (0, 0, 0.3, 0),
+                    (10, 1, 0.4, 0),
+                    (20, 5, 0.8, 0),
+                    (29, 37, 0.98, 1),
+                    (31, 40, 0.99, 2),
+                    (35, 20, 0.97, 3),
+                ]
+            ]
+        )
         yield s
 
 
@@ -101,30 +136,58 @@ def test_stale_engine_sample_is_a_telemetry_gap(store: Store) -> None:
 
 
 def test_client_time_is_what_the_client_waited_beyond_server_e2e(store: Store) -> None:
-    store.append_fragments([RequestFragment("slow", "client", "client:slow", client_e2e_s=4.55,
-                                            client_ttft_s=3.2, status="ok")])
+    store.append_fragments(
+        [
+            RequestFragment(
+                "slow", "client", "client:slow", client_e2e_s=4.55, client_ttft_s=3.2, status="ok"
+            )
+        ]
+    )
     doc = explain_request(store.con, "slow")
     assert doc["components"]["client_s"] == pytest.approx(0.5)
 
 
 def test_active_findings_are_named_and_their_runbook_wins(store: Store) -> None:
-    store.append_findings([Finding("kv_pressure", "critical", 0.9, "pod-a", T0 + 25, T0 + 40,
-                                   "KV 98% with 3 preemptions", {}, "runbooks/kv_pressure.md")])
+    store.append_findings(
+        [
+            Finding(
+                "kv_pressure",
+                "critical",
+                0.9,
+                "pod-a",
+                T0 + 25,
+                T0 + 40,
+                "KV 98% with 3 preemptions",
+                {},
+                "runbooks/kv_pressure.md",
+            )
+        ]
+    )
     doc = explain_request(store.con, "slow")
     assert [f["rule"] for f in doc["findings"]] == ["kv_pressure"]
     assert doc["runbook"] == "runbooks/kv_pressure.md"
 
 
 def test_gpu_state_at_arrival_is_reported(store: Store) -> None:
-    store.append_gpu_samples([GpuSample(ts=T0 + 29.5, node="n1", gpu="0", replica="pod-a",
-                                        util_ratio=0.35, power_w=300.0)])
+    store.append_gpu_samples(
+        [
+            GpuSample(
+                ts=T0 + 29.5, node="n1", gpu="0", replica="pod-a", util_ratio=0.35, power_w=300.0
+            )
+        ]
+    )
     doc = explain_request(store.con, "slow")
     assert doc["context"]["gpu_at_arrival"]["util_ratio"] == 0.35
 
 
 def test_slo_verdict_uses_the_class_bounds(store: Store) -> None:
-    spec = parse_spec({"slokit": "v1", "service": "s", "classes": [
-        {"name": "all", "good_when": {"ttft_ms": 1000}, "objective": 0.99}]})
+    spec = parse_spec(
+        {
+            "slokit": "v1",
+            "service": "s",
+            "classes": [{"name": "all", "good_when": {"ttft_ms": 1000}, "objective": 0.99}],
+        }
+    )
     doc = explain_request(store.con, "slow", spec=spec)
     assert doc["slo"]["good"] is False
     assert doc["slo"]["checks"]["ttft_ms"] == {"bound": 1000, "value": 3050.0, "ok": False}

@@ -23,7 +23,9 @@ def _attrs_of(vllm_fixtures: Path, request_id: str) -> dict[str, float]:
     raise AssertionError(request_id)
 
 
-def test_ingest_then_explain_json_matches_the_span_attributes(vllm_fixtures: Path, tmp_path: Path) -> None:
+def test_ingest_then_explain_json_matches_the_span_attributes(
+    vllm_fixtures: Path, tmp_path: Path
+) -> None:
     db = str(tmp_path / "s.duckdb")
     runner = CliRunner()
     res = runner.invoke(main, ["ingest", "otlp", str(vllm_fixtures / "otlp"), "--db", db])
@@ -41,8 +43,19 @@ def test_ingest_then_explain_json_matches_the_span_attributes(vllm_fixtures: Pat
     assert c["e2e_s"] == span["gen_ai.latency.e2e"]
     assert c["ttft_s"] == span["gen_ai.latency.time_to_first_token"]
     assert doc["dominant"] == "decode"
-    assert set(doc) >= {"request_id", "replica", "model", "status", "timeline", "components",
-                        "dominant", "context", "findings", "slo", "runbook"}
+    assert set(doc) >= {
+        "request_id",
+        "replica",
+        "model",
+        "status",
+        "timeline",
+        "components",
+        "dominant",
+        "context",
+        "findings",
+        "slo",
+        "runbook",
+    }
 
 
 def test_both_id_forms_explain_the_same_request(vllm_fixtures: Path, tmp_path: Path) -> None:
@@ -71,7 +84,9 @@ def test_unknown_request_exits_3_with_a_message(vllm_fixtures: Path, tmp_path: P
     assert "no request 'r999'" in res.output
 
 
-def test_truncated_export_is_rejected_whole_and_others_are_kept(vllm_fixtures: Path, tmp_path: Path) -> None:
+def test_truncated_export_is_rejected_whole_and_others_are_kept(
+    vllm_fixtures: Path, tmp_path: Path
+) -> None:
     bad = tmp_path / "bad.pb"
     bad.write_bytes((vllm_fixtures / "otlp" / "export_06.pb").read_bytes()[:1000])
     db = str(tmp_path / "s.duckdb")
@@ -86,3 +101,95 @@ def test_truncated_export_is_rejected_whole_and_others_are_kept(vllm_fixtures: P
 def test_explain_on_a_missing_database_is_bad_input(tmp_path: Path) -> None:
     res = CliRunner().invoke(main, ["explain", "r1", "--db", str(tmp_path / "none.duckdb")])
     assert res.exit_code == 2 and "no slokit database" in res.output
+
+
+def test_ingest_metrics_stores_the_engine_state_of_a_saved_scrape(
+    vllm_fixtures: Path, tmp_path: Path
+) -> None:
+    import duckdb
+
+    db = str(tmp_path / "s.duckdb")
+    res = CliRunner().invoke(
+        main,
+        [
+            "ingest",
+            "metrics",
+            str(vllm_fixtures / "metrics_after_load.prom"),
+            "--instance",
+            "pod-a",
+            "--ts",
+            "1795958400",
+            "--db",
+            db,
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    con = duckdb.connect(db, read_only=True)
+    row = con.execute(
+        "SELECT epoch(ts), replica, model, preemptions_total, num_gpu_blocks FROM engine_samples"
+    ).fetchall()
+    assert row == [(1795958400.0, "pod-a", "tiny", 33.0, 128.0)]
+
+
+def test_ingest_metrics_without_instance_names_the_problem(
+    vllm_fixtures: Path, tmp_path: Path
+) -> None:
+    res = CliRunner().invoke(
+        main,
+        [
+            "ingest",
+            "metrics",
+            str(vllm_fixtures / "metrics_idle.prom"),
+            "--db",
+            str(tmp_path / "s.duckdb"),
+        ],
+    )
+    assert res.exit_code == 2 and "instance" in res.output
+
+
+def test_client_records_and_quality_join_the_vllm_spans(
+    vllm_fixtures: Path, tmp_path: Path
+) -> None:
+    db = str(tmp_path / "s.duckdb")
+    records = tmp_path / "load.jsonl"
+    records.write_text(
+        json.dumps(
+            {
+                "request_id": "r24",
+                "trace_id": None,
+                "model": "tiny",
+                "slo_class": "interactive",
+                "task_id": "t1",
+                "tenant": None,
+                "send_ts": 1795958329.30,
+                "first_token_ts": 1795958329.38,
+                "finish_ts": 1795958331.33,
+                "ttft_s": 0.08,
+                "e2e_s": 2.03,
+                "itl_s": [0.005, 0.006],
+                "prompt_tokens": 401,
+                "output_tokens": 400,
+                "max_tokens": 400,
+                "status": "ok",
+                "http_status": 200,
+                "error_type": None,
+                "finish_reason": "length",
+                "scheduled_ts": 1795958329.30,
+            }
+        )
+        + "\n"
+    )
+    quality = tmp_path / "q.csv"
+    quality.write_text("request_id,quality_pass\nr24,false\n")
+    runner = CliRunner()
+    for args in (
+        ["otlp", str(vllm_fixtures / "otlp")],
+        ["requests", str(records)],
+        ["quality", str(quality)],
+    ):
+        res = runner.invoke(main, ["ingest", *args, "--db", db])
+        assert res.exit_code == 0, res.output
+    doc = json.loads(runner.invoke(main, ["explain", "r24", "--json", "--db", db]).output)
+    assert doc["sources"] == ["client", "quality", "vllm"]
+    assert doc["components"]["client_ttft_s"] == 0.08
+    assert doc["components"]["client_s"] is not None and doc["components"]["client_s"] > 0

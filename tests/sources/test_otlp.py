@@ -129,7 +129,7 @@ def test_gzip_bomb_stops_at_the_limit_without_inflating_it_all() -> None:
 
 
 def test_corrupt_gzip_is_bad_input() -> None:
-    with pytest.raises(BadInput, match="(corrupt|truncated) gzip"):
+    with pytest.raises(BadInput, match=r"(corrupt|truncated) gzip"):
         decompress(b"\x1f\x8b\x08\x00garbage", "gzip", max_bytes=1024)
 
 
@@ -155,13 +155,17 @@ def test_gateway_server_span_with_request_header_becomes_gateway_fragment() -> N
     span.trace_id, span.span_id, span.name = b"\x01" * 16, b"\x02" * 8, "POST /v1/chat/completions"
     span.kind = Span.SPAN_KIND_SERVER
     span.start_time_unix_nano, span.end_time_unix_nano = 10**18, 10**18 + 1_500_000_000
-    span.attributes.extend([
-        KeyValue(key="http.request.header.x-request-id",
-                 value=AnyValue(array_value=ArrayValue(values=[AnyValue(string_value="abc")]))),
-        KeyValue(key="http.response.status_code", value=AnyValue(int_value=503)),
-        KeyValue(key="gen_ai.usage.input_tokens", value=AnyValue(int_value=12)),
-        KeyValue(key="gen_ai.prompt", value=AnyValue(string_value="SECRET PROMPT")),
-    ])
+    span.attributes.extend(
+        [
+            KeyValue(
+                key="http.request.header.x-request-id",
+                value=AnyValue(array_value=ArrayValue(values=[AnyValue(string_value="abc")])),
+            ),
+            KeyValue(key="http.response.status_code", value=AnyValue(int_value=503)),
+            KeyValue(key="gen_ai.usage.input_tokens", value=AnyValue(int_value=12)),
+            KeyValue(key="gen_ai.prompt", value=AnyValue(string_value="SECRET PROMPT")),
+        ]
+    )
     (frag,) = decode_traces(msg.SerializeToString()).fragments
     assert (frag.request_id, frag.source, frag.replica) == ("abc", "gateway", "gw-1")
     assert (frag.http_status, frag.status, frag.prompt_tokens) == (503, "error", 12)
@@ -172,5 +176,5 @@ def test_gateway_server_span_with_request_header_becomes_gateway_fragment() -> N
 def test_gzip_with_flipped_bytes_is_bad_input() -> None:
     data = bytearray(gzip.compress(bytes(range(256)) * 64))
     data[20:30] = b"\xff" * 10
-    with pytest.raises(BadInput, match="(corrupt|truncated) gzip"):
+    with pytest.raises(BadInput, match=r"(corrupt|truncated) gzip"):
         decompress(bytes(data), "gzip", max_bytes=1 << 20)

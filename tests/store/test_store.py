@@ -19,9 +19,18 @@ T0 = 1_795_958_000.0
 
 def vllm_frag(rid: str = "r1", **kw: object) -> RequestFragment:
     base: dict[str, object] = dict(
-        request_id=rid, source="vllm", fragment_id=f"vllm:{rid}", replica="pod-a",
-        arrival_ts=T0, ttft_s=0.2, e2e_s=2.2, queue_s=0.1, prefill_s=0.05, decode_s=2.0,
-        prompt_tokens=100, output_tokens=101,
+        request_id=rid,
+        source="vllm",
+        fragment_id=f"vllm:{rid}",
+        replica="pod-a",
+        arrival_ts=T0,
+        ttft_s=0.2,
+        e2e_s=2.2,
+        queue_s=0.1,
+        prefill_s=0.05,
+        decode_s=2.0,
+        prompt_tokens=100,
+        output_tokens=101,
     )
     base.update(kw)
     return RequestFragment(**base)  # type: ignore[arg-type]
@@ -29,9 +38,17 @@ def vllm_frag(rid: str = "r1", **kw: object) -> RequestFragment:
 
 def client_frag(rid: str = "r1", **kw: object) -> RequestFragment:
     base: dict[str, object] = dict(
-        request_id=rid, source="client", fragment_id=f"client:{rid}", arrival_ts=T0 - 0.01,
-        client_ttft_s=0.25, client_e2e_s=2.3, status="ok", http_status=200,
-        slo_class="interactive", prompt_tokens=99, model="tiny",
+        request_id=rid,
+        source="client",
+        fragment_id=f"client:{rid}",
+        arrival_ts=T0 - 0.01,
+        client_ttft_s=0.25,
+        client_e2e_s=2.3,
+        status="ok",
+        http_status=200,
+        slo_class="interactive",
+        prompt_tokens=99,
+        model="tiny",
     )
     base.update(kw)
     return RequestFragment(**base)  # type: ignore[arg-type]
@@ -64,8 +81,11 @@ def test_fragments_from_vllm_and_client_merge_into_one_request() -> None:
 
 
 def test_merge_result_does_not_depend_on_arrival_order() -> None:
-    frags = [vllm_frag(), client_frag(status="timeout", http_status=None),
-             RequestFragment("r1", "quality", "quality:r1", quality_pass=False)]
+    frags = [
+        vllm_frag(),
+        client_frag(status="timeout", http_status=None),
+        RequestFragment("r1", "quality", "quality:r1", quality_pass=False),
+    ]
     results = []
     for perm in itertools.permutations(frags):
         with open_store(":memory:") as store:
@@ -119,25 +139,36 @@ def _engine(ts: float, preemptions: float) -> EngineSample:
 
 def test_counter_increase_counts_a_reset_as_a_restart_from_zero() -> None:
     with open_store(":memory:") as store:
-        store.append_engine_samples(
-            [_engine(T0 + i, v) for i, v in enumerate([10, 12, 15, 2, 5])]
+        store.append_engine_samples([_engine(T0 + i, v) for i, v in enumerate([10, 12, 15, 2, 5])])
+        inc = q.counter_increase(
+            store.con,
+            table="engine_samples",
+            column="preemptions_total",
+            replica="pod-a",
+            since=T0,
+            until=T0 + 10,
         )
-        inc = q.counter_increase(store.con, table="engine_samples", column="preemptions_total",
-                                 replica="pod-a", since=T0, until=T0 + 10)
         assert inc == {"increase": 2 + 3 + 2 + 3, "samples": 5, "resets": 1}
 
 
 def test_counter_increase_starts_from_the_sample_before_the_window() -> None:
     with open_store(":memory:") as store:
         store.append_engine_samples([_engine(T0 + i, v) for i, v in enumerate([10, 12, 15, 16])])
-        inc = q.counter_increase(store.con, table="engine_samples", column="preemptions_total",
-                                 replica="pod-a", since=T0 + 1.5, until=T0 + 3)
+        inc = q.counter_increase(
+            store.con,
+            table="engine_samples",
+            column="preemptions_total",
+            replica="pod-a",
+            since=T0 + 1.5,
+            until=T0 + 3,
+        )
         assert inc["increase"] == 4  # 12 (at T0+1) -> 16
 
 
 def test_histograms_are_stored_beside_the_engine_sample() -> None:
-    h = HistogramSnapshot("vllm:time_to_first_token_seconds", [0.1, 1.0, float("inf")],
-                          [1, 3, 4], 2.5, 4)
+    h = HistogramSnapshot(
+        "vllm:time_to_first_token_seconds", [0.1, 1.0, float("inf")], [1, 3, 4], 2.5, 4
+    )
     with open_store(":memory:") as store:
         store.append_engine_samples([EngineSample(T0, "pod-a", "tiny", histograms={h.metric: h})])
         row = store.con.execute(
@@ -165,7 +196,9 @@ def test_second_writer_gets_store_busy(tmp_path: Path) -> None:
     import sys
 
     open_store(path).close()
-    proc = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         with pytest.raises(StoreBusy, match="sidecar"):

@@ -32,7 +32,10 @@ DOMINANT_RUNBOOK = {
 
 @dataclass(frozen=True)
 class ExplainOptions:
-    peer_window_s: float = 300.0  # peers: same class, arrival within +/- this
+    #: Peers are requests of the same class arriving within +/- the first of these windows
+    #: that holds ``enough_peers`` (the last one otherwise).
+    peer_windows_s: tuple[float, ...] = (60.0, 300.0, 1800.0)
+    enough_peers: int = 200
     max_sample_age_s: float = 30.0  # an engine sample older than this at arrival is stale
     prefix_window_s: float = 60.0  # prefix-hit ratio over this long before arrival
     preemption_tpot_factor: float = 1.5  # TPOT this far above the peer median + preemptions
@@ -250,49 +253,60 @@ def explain_request(
             unknown.append(what)
     preempted = False
     if arrival is not None:
+        window = opt.peer_windows_s[-1]
+        for w in opt.peer_windows_s:  # the narrowest window with enough peers: cheap on busy stores
+            if (
+                q.peer_count(con, arrival - w, arrival + w, rec.get("slo_class"))
+                >= opt.enough_peers
+            ):
+                window = w
+                break
         peers = q.percentile_ranks(
             con,
             values={k: comps.get(k) for k in ("ttft_s", "tpot_s", "e2e_s")},
-            since=arrival - opt.peer_window_s,
-            until=arrival + opt.peer_window_s,
+            since=arrival - window,
+            until=arrival + window,
             slo_class=rec.get("slo_class"),
         )
-        ctx["peer_window_s"] = opt.peer_window_s
+        ctx["peer_window_s"] = window
         ctx["peers"] = peers["peers"]
         ctx["percentile_rank"] = peers["ranks"]
     if replica is None:
         unknown.append("replica unknown: no engine or GPU context")
     elif arrival is not None:
-        state = q.engine_sample_at(con, replica, arrival, max_age_s=opt.max_sample_age_s)
+        lookback = max(opt.max_sample_age_s, opt.prefix_window_s)
+        samples = q.engine_window(con, replica, arrival - lookback, finish)
+        before = [s for s in samples if s["ts"] <= arrival]
+        state = (
+            before[-1] if before and arrival - before[-1]["ts"] <= opt.max_sample_age_s else None
+        )
         if state is None:
             if q.has_rows(con, "engine_samples", replica):
                 unknown.append(
-                    f"no engine sample of {replica} within {opt.max_sample_age_s:.0f} s before arrival (telemetry gap)"
+                    f"no engine sample of {replica} within {opt.max_sample_age_s:.0f} s "
+                    "before arrival (telemetry gap)"
                 )
             else:
                 unknown.append(
                     f"no engine samples for replica {replica}: queue depth and KV state unknown"
                 )
         else:
-            hits = q.counter_increase(
-                con,
-                table="engine_samples",
-                column="prefix_cache_hits_total",
-                replica=replica,
-                since=arrival - opt.prefix_window_s,
-                until=arrival,
+            recent = [s for s in before if s["ts"] >= arrival - opt.prefix_window_s]
+            hits, _ = q.increase(
+                [
+                    s["prefix_cache_hits_total"]
+                    for s in recent
+                    if s["prefix_cache_hits_total"] is not None
+                ]
             )
-            queries = q.counter_increase(
-                con,
-                table="engine_samples",
-                column="prefix_cache_queries_total",
-                replica=replica,
-                since=arrival - opt.prefix_window_s,
-                until=arrival,
+            queries, _ = q.increase(
+                [
+                    s["prefix_cache_queries_total"]
+                    for s in recent
+                    if s["prefix_cache_queries_total"] is not None
+                ]
             )
-            hit_ratio = None
-            if hits["increase"] is not None and queries["increase"]:
-                hit_ratio = hits["increase"] / queries["increase"]
+            hit_ratio = hits / queries if hits is not None and queries else None
             ctx["replica_state_at_arrival"] = {
                 "ts": iso(state["ts"]),
                 "age_s": round(arrival - state["ts"], 3),
@@ -302,28 +316,30 @@ def explain_request(
                 "prefix_hit_ratio": hit_ratio,
                 "num_gpu_blocks": state["num_gpu_blocks"],
             }
-            pre = q.counter_increase(
-                con,
-                table="engine_samples",
-                column="preemptions_total",
-                replica=replica,
-                since=arrival,
-                until=finish,
+            life = [state, *(s for s in samples if s["ts"] > arrival)]
+            pre, resets = q.increase(
+                [s["preemptions_total"] for s in life if s["preemptions_total"] is not None]
             )
-            ext = q.engine_extremes(con, replica, arrival, finish) or {}
+            inside = [s for s in samples if arrival <= s["ts"] <= finish]
+
+            def _max(key: str) -> float | None:
+                vals = [s[key] for s in inside if s[key] is not None]
+                return max(vals) if vals else None
+
+            running = [s["running"] for s in inside if s["running"] is not None]
             ctx["during"] = {
-                "preemptions": pre["increase"],
-                "counter_resets": pre["resets"],
-                "kv_usage_max": ext.get("kv_usage_max"),
-                "waiting_max": ext.get("waiting_max"),
-                "running_avg": ext.get("running_avg"),
-                "samples": ext.get("samples", 0),
+                "preemptions": pre,
+                "counter_resets": resets,
+                "kv_usage_max": _max("kv_usage_ratio"),
+                "waiting_max": _max("waiting"),
+                "running_avg": sum(running) / len(running) if running else None,
+                "samples": len(inside),
             }
-            if pre["resets"]:
+            if resets:
                 unknown.append(f"{replica}'s counters reset during the request (restart?)")
             tpot = comps.get("tpot_s")
             peer_tpot = (ctx.get("percentile_rank") or {}).get("tpot_s", {}).get("p50")
-            if (pre["increase"] or 0) > 0 and tpot and peer_tpot:
+            if (pre or 0) > 0 and tpot and peer_tpot:
                 preempted = tpot > opt.preemption_tpot_factor * peer_tpot
             if (rec.get("preemptions") or 0) > 0:
                 preempted = True

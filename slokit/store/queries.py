@@ -93,23 +93,6 @@ def percentile_ranks(
     return {"peers": int(row[0]), "ranks": ranks}
 
 
-def engine_sample_at(
-    con: duckdb.DuckDBPyConnection, replica: str, ts: float, *, max_age_s: float
-) -> dict[str, Any] | None:
-    """The replica's newest engine sample at or before ``ts`` (None if older than max_age_s)."""
-    cur = con.execute(
-        """
-        SELECT epoch(ts) AS ts, model, running, waiting, kv_usage_ratio, preemptions_total,
-               prefix_cache_queries_total, prefix_cache_hits_total, num_gpu_blocks, block_size
-        FROM engine_samples
-        WHERE replica = ? AND ts <= to_timestamp(?) AND ts >= to_timestamp(?)
-        ORDER BY ts DESC LIMIT 1
-        """,
-        [replica, ts, ts - max_age_s],
-    )
-    return _row_dict(cur)
-
-
 def counter_increase(
     con: duckdb.DuckDBPyConnection,
     *,
@@ -147,25 +130,6 @@ def counter_increase(
     assert row is not None
     n = int(row[0])
     return {"increase": float(row[1]) if n >= 2 else None, "samples": n, "resets": int(row[2] or 0)}
-
-
-def engine_extremes(
-    con: duckdb.DuckDBPyConnection, replica: str, since: float, until: float
-) -> dict[str, Any] | None:
-    cur = con.execute(
-        """
-        SELECT count(*) AS samples, max(kv_usage_ratio) AS kv_usage_max,
-               max(waiting) AS waiting_max, max(running) AS running_max,
-               avg(running) AS running_avg
-        FROM engine_samples
-        WHERE replica = ? AND ts BETWEEN to_timestamp(?) AND to_timestamp(?)
-        """,
-        [replica, since, until],
-    )
-    rec = _row_dict(cur)
-    if rec is None or not rec["samples"]:
-        return None
-    return rec
 
 
 def gpu_state_at(
@@ -212,3 +176,50 @@ def has_rows(con: duckdb.DuckDBPyConnection, table: str, replica: str | None = N
             f"SELECT EXISTS (SELECT 1 FROM {table} WHERE replica = ?)", [replica]
         ).fetchone()
     return bool(row and row[0])
+
+
+ENGINE_WINDOW_COLUMNS = (
+    "ts", "running", "waiting", "kv_usage_ratio", "preemptions_total",
+    "prefix_cache_queries_total", "prefix_cache_hits_total", "num_gpu_blocks",
+)  # fmt: skip
+
+
+def engine_window(
+    con: duckdb.DuckDBPyConnection, replica: str, since: float, until: float
+) -> list[dict[str, Any]]:
+    """The replica's engine samples in [since, until], oldest first, as dicts (ts in epoch s)."""
+    cols = ", ".join("epoch(ts) AS ts" if c == "ts" else c for c in ENGINE_WINDOW_COLUMNS)
+    rows = con.execute(
+        f"SELECT {cols} FROM engine_samples "
+        "WHERE replica = ? AND ts BETWEEN to_timestamp(?) AND to_timestamp(?) ORDER BY ts",
+        [replica, since, until],
+    ).fetchall()
+    return [dict(zip(ENGINE_WINDOW_COLUMNS, r, strict=True)) for r in rows]
+
+
+def increase(values: list[float]) -> tuple[float | None, int]:
+    """Increase of a cumulative counter over consecutive samples, and the resets seen.
+
+    The same semantics as :func:`counter_increase`, for samples already in memory."""
+    total, resets, prev = 0.0, 0, None
+    for v in values:
+        if prev is not None:
+            if v < prev:
+                resets += 1
+                total += v
+            else:
+                total += v - prev
+        prev = v
+    return (total if len(values) >= 2 else None), resets
+
+
+def peer_count(
+    con: duckdb.DuckDBPyConnection, since: float, until: float, slo_class: str | None
+) -> int:
+    where = "arrival_ts BETWEEN to_timestamp(?) AND to_timestamp(?)"
+    params: list[Any] = [since, until]
+    if slo_class is not None:
+        where += " AND slo_class = ?"
+        params.append(slo_class)
+    rows = con.execute(f"SELECT count(*) FROM requests WHERE {where}", params).fetchall()
+    return int(rows[0][0])

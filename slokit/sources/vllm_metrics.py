@@ -1,0 +1,200 @@
+"""vLLM ``/metrics`` exposition -> one :class:`EngineSample` per (model_name, engine).
+
+The metric names live in the tables below (data, not code): each field lists the names
+vLLM has used for it, current first, so a rename is one line. Series without a
+``model_name`` label (other exporters in the same process, ``cache_config_info``) do not
+make an engine sample of their own. Sample names ``vllm_*`` are read as ``vllm:*`` (see
+:func:`_canonical`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from slokit.records import EngineSample, HistogramSnapshot
+from slokit.sources.exposition import MetricFamily, Sample, parse_exposition
+
+#: EngineSample field -> sample names (as exposed, counters with ``_total``), current first.
+SCALARS: dict[str, tuple[str, ...]] = {
+    "running": ("vllm:num_requests_running",),
+    "waiting": ("vllm:num_requests_waiting",),
+    "kv_usage_ratio": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    "preemptions_total": ("vllm:num_preemptions_total",),
+    "prompt_tokens_total": ("vllm:prompt_tokens_total",),
+    "generation_tokens_total": ("vllm:generation_tokens_total",),
+    "prefix_cache_queries_total": (
+        "vllm:prefix_cache_queries_total",
+        "vllm:gpu_prefix_cache_queries_total",
+    ),
+    "prefix_cache_hits_total": (
+        "vllm:prefix_cache_hits_total",
+        "vllm:gpu_prefix_cache_hits_total",
+    ),
+    "spec_decode_drafts_total": ("vllm:spec_decode_num_drafts_total",),
+    "spec_decode_draft_tokens_total": ("vllm:spec_decode_num_draft_tokens_total",),
+    "spec_decode_accepted_tokens_total": ("vllm:spec_decode_num_accepted_tokens_total",),
+}
+
+#: Counter by ``finished_reason``: summed into request_success_total, kept per reason.
+REQUEST_SUCCESS: tuple[str, ...] = ("vllm:request_success_total",)
+
+#: Histogram key in ``EngineSample.histograms`` -> family names, current first.
+HISTOGRAMS: dict[str, tuple[str, ...]] = {
+    "ttft_s": ("vllm:time_to_first_token_seconds",),
+    "itl_s": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+    "tpot_s": ("vllm:request_time_per_output_token_seconds",),
+    "e2e_s": ("vllm:e2e_request_latency_seconds",),
+    "queue_s": ("vllm:request_queue_time_seconds",),
+    "prefill_s": ("vllm:request_prefill_time_seconds",),
+    "decode_s": ("vllm:request_decode_time_seconds",),
+    "inference_s": ("vllm:request_inference_time_seconds",),
+    "iteration_tokens": ("vllm:iteration_tokens_total",),
+    "prompt_tokens": ("vllm:request_prompt_tokens",),
+    "generation_tokens": ("vllm:request_generation_tokens",),
+    "preemptions": ("vllm:request_num_preemptions",),
+}
+
+#: Info gauge whose labels carry the KV cache geometry (no model_name label).
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+#: EngineSample field -> label of CACHE_CONFIG_INFO.
+CACHE_CONFIG_LABELS: dict[str, str] = {
+    "block_size": "block_size",
+    "num_gpu_blocks": "num_gpu_blocks",
+}
+
+_Key = tuple[str, str | None]  # (model_name, engine)
+
+
+def parse_vllm_metrics(data: str | bytes, *, ts: float, replica: str) -> list[EngineSample]:
+    """Parse one vLLM scrape. Raises :class:`~slokit.errors.BadInput` if it is malformed."""
+    return engine_samples_from_families(parse_exposition(data), ts=ts, replica=replica)
+
+
+def engine_samples_from_families(
+    families: Iterable[MetricFamily], *, ts: float, replica: str
+) -> list[EngineSample]:
+    """Build engine samples from already-parsed families (one scrape, or one timestamp)."""
+    by_name: dict[str, list[Sample]] = {}
+    for fam in families:
+        for s in fam.samples:
+            by_name.setdefault(_canonical(s.name), []).append(s)
+
+    engines: dict[_Key, EngineSample] = {}
+
+    def engine(labels: dict[str, str]) -> EngineSample | None:
+        model = labels.get("model_name")
+        if model is None:
+            return None
+        key = (model, labels.get("engine"))
+        es = engines.get(key)
+        if es is None:
+            es = engines[key] = EngineSample(ts=ts, replica=replica, model=model, engine=key[1])
+        return es
+
+    for fieldname, names in SCALARS.items():
+        for s in _first_present(by_name, names):
+            es = engine(s.labels)
+            if es is not None:
+                setattr(es, fieldname, _finite(s.value))
+
+    for s in _first_present(by_name, REQUEST_SUCCESS):
+        es = engine(s.labels)
+        if es is None or math.isnan(s.value):
+            continue
+        reason = s.labels.get("finished_reason", "unknown")
+        es.request_success_by_reason[reason] = (
+            es.request_success_by_reason.get(reason, 0.0) + s.value
+        )
+        es.request_success_total = (es.request_success_total or 0.0) + s.value
+
+    for key, names in HISTOGRAMS.items():
+        for fam_name in names:
+            snaps = _histograms(by_name, fam_name, key)
+            if snaps:
+                for labels, snap in snaps:
+                    es = engine(labels)
+                    if es is not None:
+                        es.histograms[key] = snap
+                break
+
+    _apply_cache_config(by_name.get(CACHE_CONFIG_INFO, []), engines)
+    return list(engines.values())
+
+
+def _canonical(name: str) -> str:
+    """``vllm_x`` -> ``vllm:x``: asked for OpenMetrics, prometheus_client 0.26 (as vLLM 0.32
+    ships it) escapes the colon in sample names while its ``# TYPE`` lines keep it."""
+    return "vllm:" + name[5:] if name.startswith("vllm_") else name
+
+
+def _first_present(by_name: dict[str, list[Sample]], names: tuple[str, ...]) -> list[Sample]:
+    for n in names:
+        if n in by_name:
+            return by_name[n]
+    return []
+
+
+def _finite(v: float) -> float | None:
+    return v if math.isfinite(v) else None
+
+
+def _histograms(
+    by_name: dict[str, list[Sample]], fam: str, key: str
+) -> list[tuple[dict[str, str], HistogramSnapshot]]:
+    """Histogram snapshots per label set; an incomplete one (no +Inf, sum or count) is left out."""
+    buckets: dict[tuple[tuple[str, str], ...], list[tuple[float, float]]] = {}
+    for s in by_name.get(fam + "_bucket", []):
+        labels = {k: v for k, v in s.labels.items() if k != "le"}
+        try:
+            le = float(s.labels.get("le", "nan"))
+        except ValueError:
+            continue
+        if math.isnan(le):
+            continue
+        buckets.setdefault(tuple(sorted(labels.items())), []).append((le, s.value))
+    sums = {tuple(sorted(s.labels.items())): s.value for s in by_name.get(fam + "_sum", [])}
+    counts = {tuple(sorted(s.labels.items())): s.value for s in by_name.get(fam + "_count", [])}
+    out: list[tuple[dict[str, str], HistogramSnapshot]] = []
+    for lk, pairs in buckets.items():
+        pairs.sort()
+        if pairs[-1][0] != math.inf or lk not in sums or lk not in counts:
+            continue
+        out.append(
+            (
+                dict(lk),
+                HistogramSnapshot(
+                    metric=key,
+                    upper_bounds=[p[0] for p in pairs],
+                    cumulative_counts=[p[1] for p in pairs],
+                    sum=sums[lk],
+                    count=counts[lk],
+                ),
+            )
+        )
+    return out
+
+
+def _label_number(v: str | None) -> float | None:
+    if v is None:
+        return None
+    try:
+        x = float(v)
+    except ValueError:  # "None", "", anything not a number: unknown, not guessed
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _apply_cache_config(infos: list[Sample], engines: dict[_Key, EngineSample]) -> None:
+    """``cache_config_info`` has no model_name: match on engine, else apply the only one."""
+    if not infos:
+        return
+    by_engine = {s.labels.get("engine"): s.labels for s in infos}
+    for es in engines.values():
+        labels = by_engine.get(es.engine)
+        if labels is None and len(infos) == 1:
+            labels = infos[0].labels
+        if labels is None:
+            continue
+        for fieldname, label in CACHE_CONFIG_LABELS.items():
+            setattr(es, fieldname, _label_number(labels.get(label)))

@@ -1,0 +1,5 @@
+"""``python -m slokit`` runs the command line."""
+
+from slokit.cli import main
+
+main()

@@ -182,9 +182,10 @@ def test_the_open_loop_keeps_its_schedule_when_the_server_is_slow(fake_vllm: Fak
     sends = sorted(r["send_ts"] for r in result.records)
     assert len(sends) == 20
     lags = [r["send_ts"] - r["scheduled_ts"] for r in result.records]
-    assert max(lags) < 0.05
-    assert sends[-1] - sends[0] == pytest.approx(0.95, abs=0.05)
-    assert result.summary.achieved_rate == pytest.approx(20.0, rel=0.05)
+    # A sender that waited for answers would fall 0.5 s further behind on every request
+    # (~9.5 s by the last); the bounds leave room for a loaded CI machine, not for that.
+    assert max(lags) < 0.3
+    assert sends[-1] - sends[0] == pytest.approx(0.95, abs=0.3)
 
 
 def test_closed_loop_users_send_back_to_back(fake_vllm: FakeVllm) -> None:

@@ -1,0 +1,108 @@
+"""``slokit gate``: fail a CI job when a load test breaches its SLO (exit 0 pass, 1 breach,
+2 bad input)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from slokit.cli._common import default_db, handle_errors, print_json
+from slokit.errors import BadInput
+
+
+def _write(path: str, text: str) -> None:
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise BadInput(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+@click.command("gate")
+@click.option(
+    "--slo",
+    "slo_file",
+    required=True,
+    type=click.Path(dir_okay=False),
+    envvar="SLOKIT_SLO",
+    help="SLO spec (YAML) with an optional gate section.",
+)
+@click.option(
+    "--db",
+    help="Gate on the records in this DuckDB file (the default input: $SLOKIT_DB or "
+    "./slokit.duckdb).",
+)
+@click.option(
+    "--records",
+    "records_file",
+    type=click.Path(dir_okay=False),
+    help="Gate on a slokit load JSONL file.",
+)
+@click.option(
+    "--vllm-bench",
+    "bench_file",
+    type=click.Path(dir_okay=False),
+    help="Gate on a `vllm bench serve --save-result --save-detailed` JSON file.",
+)
+@click.option(
+    "--baseline",
+    type=click.Path(dir_okay=False),
+    help="An earlier run (records file or `slokit slo report --json`): flag "
+    "regressions beyond the noise.",
+)
+@click.option("--junit", type=click.Path(dir_okay=False), help="Write JUnit XML here.")
+@click.option(
+    "--markdown",
+    type=click.Path(dir_okay=False),
+    help="Write a Markdown summary here (e.g. $GITHUB_STEP_SUMMARY).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@handle_errors
+def command(
+    slo_file: str,
+    db: str | None,
+    records_file: str | None,
+    bench_file: str | None,
+    baseline: str | None,
+    junit: str | None,
+    markdown: str | None,
+    as_json: bool,
+) -> None:
+    """Check attainment, burn rate and percentile bounds per SLO class against the spec's
+    gate section; input from the store (default), a load JSONL, or a vLLM bench JSON.
+
+    Exit 0 pass, 1 SLO breach or regression, 2 bad input.
+    """
+    from slokit.analysis import gate, slo
+    from slokit.analysis.slo_spec import load_spec
+
+    given = [x for x in (db, records_file, bench_file) if x is not None]
+    if len(given) > 1:
+        raise BadInput("give one input: --db, --records or --vllm-bench")
+    spec = load_spec(slo_file)
+    cfg = gate.gate_config(spec)
+    if records_file is not None:
+        run = gate.load_run_file(records_file, "records")
+    elif bench_file is not None:
+        run = gate.load_run_file(bench_file, "vllm-bench")
+    else:
+        from slokit.store.db import open_store
+
+        with open_store(db or default_db(), read_only=True) as store:
+            run = gate.RunInput(slo.load_records(store.con))
+    base = gate.load_baseline(baseline) if baseline else None
+    report = slo.evaluate(run.records, spec, duration_s=run.duration_s)
+    result = gate.evaluate_gate(
+        report, spec, config=cfg, current_records=run.records, baseline=base
+    )
+    if junit:
+        _write(junit, gate.junit_xml(result))
+    md = gate.markdown_summary(result)
+    if markdown:
+        _write(markdown, md)
+    if as_json:
+        print_json(result.to_json())
+    else:
+        click.echo(md, nl=False)
+    sys.exit(result.exit_code)

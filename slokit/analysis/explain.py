@@ -198,33 +198,30 @@ def _is_unusual(ctx: dict[str, Any], slo: dict[str, Any] | None, opt: ExplainOpt
 
 
 def _slo(rec: dict[str, Any], spec: SloSpec | None) -> dict[str, Any] | None:
+    """The request judged by its SLO class, with the same rules as the SLI (analysis.slo)."""
     if spec is None:
         return None
-    cls = spec.class_of(rec)
-    if cls is None:
-        return {"class": None, "good": None, "reason": "matches no SLO class"}
-    measured = {
-        "ttft_ms": rec.get("client_ttft_s")
-        if rec.get("client_ttft_s") is not None
-        else rec.get("ttft_s"),
-        "tpot_ms": rec.get("tpot_s"),
-        "e2e_ms": rec.get("client_e2e_s")
-        if rec.get("client_e2e_s") is not None
-        else rec.get("e2e_s"),
-    }
+    from slokit.analysis.slo import bound_results, classify, measurement
+
+    name, outcome = classify(rec, spec)
+    if name is None:
+        return {"class": None, "outcome": outcome, "good": None, "reason": "matches no SLO class"}
+    cls = spec.class_named(name)
     checks = {}
-    good: bool | None = rec.get("status") == "ok"
-    for key, bound in cls.bounds_ms().items():
-        v = measured[key]
-        ok = None if v is None else v * 1000 <= bound
-        checks[key] = {"bound": bound, "value": None if v is None else round(v * 1000, 3), "ok": ok}
-        if ok is False:
-            good = False
-        elif ok is None and good:
-            good = None
-    if spec.require_quality_pass and rec.get("quality_pass") is False:
-        good = False
-    return {"class": cls.name, "objective": cls.objective, "good": good, "checks": checks}
+    for key, ok in bound_results(rec, cls).items():
+        v = measurement(rec, key.removesuffix("_ms"))
+        checks[key] = {
+            "bound": cls.bounds_ms()[key],
+            "value": None if v is None else round(v * 1000, 3),
+            "ok": ok,
+        }
+    return {
+        "class": name,
+        "objective": cls.objective,
+        "outcome": outcome,
+        "good": outcome == "good",
+        "checks": checks,
+    }
 
 
 def explain_request(

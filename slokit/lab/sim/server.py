@@ -880,10 +880,18 @@ class SimCluster:
 async def serve_forever(
     cluster: SimCluster, on_ready: Callable[[SimCluster], None] | None = None
 ) -> None:
+    """Serve until SIGTERM or SIGINT, then stop cleanly (in-flight spans are flushed)."""
+    import signal
+
     await cluster.start()
     if on_ready is not None:
         on_ready(cluster)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
     try:
-        await asyncio.Event().wait()
+        await stop.wait()
     finally:
         await cluster.stop()

@@ -1,0 +1,352 @@
+"""``slokit demo``: the main job of slokit on one machine, no GPU, no network.
+
+Two simulated vLLM replicas (each with a dcgm-exporter endpoint) export their ``llm_request``
+spans to a slokit sidecar, which scrapes them every second and merges everything into one
+DuckDB file. A load generator drives a quiet baseline, then an incident: a burst that saturates
+replica 0's queue while replica 1's KV pool shrinks. The demo then runs the commands an
+on-call engineer would (``diagnose``, ``slo report``, ``explain`` of the worst request,
+``report``), printing each command before its output.
+
+With ``engine="vllm"`` the replicas are real vLLM servers on the CPU (needs ``.venv-vllm``,
+see scripts/vllm-env.sh); there is no GPU exporter and no KV fault then, and the burst is
+scaled to what a CPU serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from slokit.errors import SlokitError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_SLO = REPO_ROOT / "examples" / "slo" / "chat.yaml"
+DEFAULT_WORKLOAD = REPO_ROOT / "examples" / "workloads" / "chat_mix.yaml"
+
+Echo = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One stretch of load: a rate per replica, and faults applied when it starts."""
+
+    name: str
+    duration_s: float
+    rates: tuple[float, ...]
+    faults: tuple[dict[str, Any] | None, ...] = ()
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    out_dir: Path = Path("demo-out")
+    engine: str = "sim"  # "sim" | "vllm"
+    scale: float = 1.0  # multiplies every phase's duration (CI smoke tests use less)
+    slo: Path = DEFAULT_SLO
+    workload: Path = DEFAULT_WORKLOAD
+    phases: tuple[Phase, ...] = field(
+        default_factory=lambda: (
+            Phase("baseline", 20.0, (4.0, 4.0)),
+            Phase("incident", 25.0, (40.0, 8.0), (None, {"kv_blocks": 120})),
+        )
+    )
+    python: str = sys.executable
+
+
+def free_port_block(n: int, host: str = "127.0.0.1") -> int:
+    """A base port such that base..base+n-1 are all free now."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind((host, 0))
+            base = s.getsockname()[1]
+        if base + n > 65535:
+            continue
+        ok = True
+        for p in range(base, base + n):
+            with socket.socket() as t:
+                try:
+                    t.bind((host, p))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise SlokitError("no block of free ports found")
+
+
+def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SlokitError(
+                f"{url}: process exited ({proc.returncode}); see {log}:\n" + _tail(log)
+            )
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise SlokitError(f"{url} not ready after {timeout_s:.0f} s; see {log}:\n" + _tail(log))
+
+
+def _tail(log: Path, n: int = 15) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+@contextlib.contextmanager
+def _process(cmd: list[str], log: Path, echo: Echo) -> Iterator[subprocess.Popen[bytes]]:
+    echo(f"$ {shlex.join(cmd)}  > {log}")
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        stop_process(proc)
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None:
+    """SIGTERM (a graceful stop: the sidecar flushes its writer), then SIGKILL."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _slokit(cfg: DemoConfig, *args: str) -> list[str]:
+    return [cfg.python, "-m", "slokit", *args]
+
+
+async def _drive(cfg: DemoConfig, urls: list[str], otlp: str, echo: Echo) -> list[Any]:
+    from slokit.lab.load import LoadConfig, run_load
+    from slokit.lab.workload import load_workload
+
+    workload = load_workload(cfg.workload)
+    summaries = []
+    for n, phase in enumerate(cfg.phases):
+        duration = phase.duration_s * cfg.scale
+        echo(
+            f"-- load phase {phase.name!r}: {duration:.0f} s, "
+            + ", ".join(f"{r:g} req/s -> {u}" for r, u in zip(phase.rates, urls, strict=False))
+        )
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            for url, faults in zip(urls, phase.faults, strict=False):
+                if faults and cfg.engine == "sim":
+                    echo(f"   fault on {url}: {faults}")
+                    (await client.post(f"{url}/admin/faults", json=faults)).raise_for_status()
+        runs = [
+            run_load(
+                LoadConfig(
+                    url=url,
+                    duration_s=duration,
+                    rate=rate,
+                    workload=workload,
+                    seed=10 * n + i,
+                    run_id=f"{phase.name}{i}",
+                    otlp_endpoint=otlp,
+                    out=cfg.out_dir / f"load-{phase.name}-{i}.jsonl",
+                    keep_records=False,
+                    timeout_s=60.0,
+                )
+            )
+            for i, (url, rate) in enumerate(zip(urls, phase.rates, strict=False))
+            if rate > 0
+        ]
+        for res in await asyncio.gather(*runs):
+            s = res.summary
+            echo(
+                f"   {s.run_id}: sent {s.sent}, ok {s.ok}, errors {s.errors}, "
+                f"TTFT p50 {_ms(s.ttft_p50_s)} p95 {_ms(s.ttft_p95_s)}"
+            )
+            summaries.append(s)
+    return summaries
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1000:.0f} ms"
+
+
+def _worst_request(db: Path) -> str | None:
+    """The interactive request that waited longest for its first token."""
+    from slokit.store.db import open_store
+
+    with open_store(db, read_only=True) as store:
+        rows = store.con.execute(
+            "SELECT request_id FROM requests WHERE status = 'ok' AND list_contains(sources, 'vllm') "
+            "ORDER BY coalesce(client_ttft_s, ttft_s) DESC NULLS LAST LIMIT 1"
+        ).fetchall()
+    return rows[0][0] if rows else None
+
+
+def _run_cli(cfg: DemoConfig, echo: Echo, *args: str) -> int:
+    cmd = _slokit(cfg, *args)
+    echo("")
+    echo(f"$ slokit {shlex.join(args)}")
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    for line in (res.stdout + res.stderr).rstrip().splitlines():
+        echo(line)
+    return res.returncode
+
+
+def _start_engines(
+    cfg: DemoConfig, stack: contextlib.ExitStack, otlp: str, echo: Echo
+) -> tuple[list[str], list[str], list[str]]:
+    """Start the replicas on ``stack`` (closing it stops them, flushing their spans);
+    returns (base URLs, sidecar --vllm-url args, --dcgm-url args)."""
+    logs = cfg.out_dir
+    if cfg.engine == "sim":
+        port, dcgm = free_port_block(2), free_port_block(2)
+        proc = stack.enter_context(
+            _process(
+                _slokit(
+                    cfg,
+                    "sim",
+                    "--replicas",
+                    "2",
+                    "--port",
+                    str(port),
+                    "--dcgm-port",
+                    str(dcgm),
+                    "--otlp-endpoint",
+                    otlp,
+                    "--otlp-protocol",
+                    "http/protobuf",
+                    "--scenario",
+                    "queue_saturation",
+                ),
+                logs / "sim.log",
+                echo,
+            )
+        )
+        urls = [f"http://127.0.0.1:{port + i}" for i in range(2)]
+        for u in urls:
+            _wait_http(u + "/health", 60, proc, logs / "sim.log")
+        vllm_args = [f"sim-vllm-{i}={u}/metrics" for i, u in enumerate(urls)]
+        dcgm_args = [f"http://127.0.0.1:{dcgm + i}/metrics" for i in range(2)]
+        return urls, vllm_args, dcgm_args
+    if cfg.engine == "vllm":
+        from slokit.lab.tiny_model import build_with_interpreter
+        from slokit.lab.vllm_server import VllmServer, VllmServerConfig, vllm_available, vllm_python
+
+        if not vllm_available():
+            raise SlokitError("real vLLM is not installed: run `make vllm-env` first")
+        model_dir = REPO_ROOT / ".cache" / "tiny-model"
+        build_with_interpreter(model_dir, vllm_python())
+        urls, vllm_args = [], []
+        for i in range(2):
+            pod = f"vllm-{i}"
+            server = stack.enter_context(
+                VllmServer(
+                    VllmServerConfig(
+                        model_dir=model_dir,
+                        max_num_seqs=4,
+                        num_gpu_blocks_override=64,
+                        otlp_traces_endpoint=otlp,
+                        otlp_protocol="http/protobuf",
+                        otel_resource_attributes=(("k8s.pod.name", pod),),
+                        otel_bsp_schedule_delay_ms=500,
+                    ),
+                    log_path=logs / f"{pod}.log",
+                )
+            )
+            echo(f"   real vLLM {pod} on {server.base_url}")
+            urls.append(server.base_url)
+            vllm_args.append(f"{pod}={server.base_url}/metrics")
+        return urls, vllm_args, []
+    raise SlokitError(f"unknown engine {cfg.engine!r}: sim or vllm")
+
+
+def run_demo(cfg: DemoConfig, echo: Echo = print) -> int:
+    """Run the demo; returns 0 when every step answered."""
+    t0 = time.monotonic()
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    db = cfg.out_dir / "slokit.duckdb"
+    for stale in (db, db.with_suffix(".duckdb.wal")):
+        stale.unlink(missing_ok=True)
+    if cfg.engine == "vllm":
+        cfg = DemoConfig(
+            **{
+                **cfg.__dict__,
+                "phases": (
+                    Phase("baseline", 20.0, (1.0, 1.0)),
+                    Phase("incident", 25.0, (6.0, 1.0)),
+                ),
+            }
+        )
+    otlp_port, api_port = free_port_block(1), free_port_block(1)
+    otlp = f"http://127.0.0.1:{otlp_port}/v1/traces"
+    api = f"http://127.0.0.1:{api_port}"
+    echo(f"slokit demo ({cfg.engine}): output in {cfg.out_dir}/")
+    with contextlib.ExitStack() as stack, contextlib.ExitStack() as engines:
+        urls, vllm_args, dcgm_args = _start_engines(cfg, engines, otlp, echo)
+        sidecar_cmd = _slokit(
+            cfg,
+            "sidecar",
+            "--otlp-http",
+            f"127.0.0.1:{otlp_port}",
+            "--otlp-grpc",
+            "",
+            "--listen",
+            f"127.0.0.1:{api_port}",
+            "--db",
+            str(db),
+            "--slo",
+            str(cfg.slo),
+            "--replica",
+            "demo",
+            "--scrape-interval",
+            "1",
+            *[a for u in vllm_args for a in ("--vllm-url", u)],
+            *[a for u in dcgm_args for a in ("--dcgm-url", u)],
+        )
+        sidecar = stack.enter_context(_process(sidecar_cmd, cfg.out_dir / "sidecar.log", echo))
+        _wait_http(api + "/readyz", 60, sidecar, cfg.out_dir / "sidecar.log")
+        echo(f"   sidecar ready: {api}/metrics, OTLP/HTTP {otlp}")
+        asyncio.run(_drive(cfg, urls, otlp, echo))
+        echo("-- stopping the replicas (they flush their last spans to the sidecar)")
+        engines.close()
+        with contextlib.suppress(httpx.HTTPError):
+            sli = [
+                ln
+                for ln in httpx.get(api + "/metrics", timeout=5).text.splitlines()
+                if ln.startswith("slokit_requests_total{")
+            ]
+            echo(f"   sidecar SLI series: {len(sli)} (slokit_requests_total)")
+        echo("-- stopping the sidecar (it flushes and closes the DuckDB file)")
+        stop_process(sidecar)
+    rc = 0
+    rc |= _run_cli(cfg, echo, "diagnose", "--db", str(db))
+    rc |= _run_cli(cfg, echo, "slo", "report", "--slo", str(cfg.slo), "--db", str(db))
+    worst = _worst_request(db)
+    if worst:
+        rc |= _run_cli(cfg, echo, "explain", worst, "--slo", str(cfg.slo), "--db", str(db))
+    report = cfg.out_dir / "report.html"
+    rc |= _run_cli(
+        cfg, echo, "report", "--out", str(report), "--slo", str(cfg.slo), "--db", str(db)
+    )
+    echo("")
+    echo(f"records:    {db}  (slokit explain ID --db {db})")
+    echo(f"report:     {report}")
+    echo(f"dashboards: {REPO_ROOT / 'dashboards'}  (Grafana JSON; import them, see README)")
+    echo(f"alerts:     {REPO_ROOT / 'alerts'}  (Prometheus rules; promtool check rules)")
+    echo(f"demo took {time.monotonic() - t0:.0f} s")
+    return 0 if rc == 0 else 1

@@ -1,0 +1,70 @@
+"""``slokit dashboards build``: write the Grafana dashboards (JSON) into a directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from slokit.cli._common import handle_errors
+
+
+@click.group("dashboards")
+def command() -> None:
+    """Grafana dashboards generated from the SLO spec and slokit's metric names."""
+
+
+@command.command("build")
+@click.option(
+    "--out",
+    "out_dir",
+    default="dashboards",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Directory to write the dashboard JSON files into.",
+)
+@click.option(
+    "--slo",
+    "slo_file",
+    type=click.Path(dir_okay=False),
+    envvar="SLOKIT_SLO",
+    help="SLO spec: per-class attainment panels and SLO bound thresholds.",
+)
+@click.option(
+    "--runbook-base-url",
+    default="runbooks",
+    show_default=True,
+    help="Base URL of the runbooks; findings link to <base>/<rule>.md.",
+)
+@click.option(
+    "--replica-label",
+    default="pod",
+    show_default=True,
+    help="Prometheus label naming the replica on vLLM series.",
+)
+@click.option(
+    "--gpu-replica-label",
+    default="pod",
+    show_default=True,
+    help="Prometheus label naming the replica on dcgm-exporter series.",
+)
+@handle_errors
+def build(
+    out_dir: str,
+    slo_file: str | None,
+    runbook_base_url: str,
+    replica_label: str,
+    gpu_replica_label: str,
+) -> None:
+    """Write slokit-{overview,latency,capacity,gpu}.json into --out."""
+    from slokit.analysis.slo_spec import load_spec
+    from slokit.generate.dashboards import DashboardOptions, write_dashboards
+    from slokit.generate.promql import Labels
+
+    opts = DashboardOptions(
+        labels=Labels(replica=replica_label, gpu_replica=gpu_replica_label),
+        runbook_base_url=runbook_base_url,
+        spec=load_spec(slo_file) if slo_file else None,
+    )
+    for path in write_dashboards(Path(out_dir), opts):
+        click.echo(str(path))

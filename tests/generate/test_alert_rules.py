@@ -155,9 +155,6 @@ def test_multi_line_promql_is_written_as_a_literal_block(spec: SloSpec) -> None:
     assert "expr: |-\n      (\n        sum by (class)" in text
 
 
-@pytest.mark.xfail(
-    strict=True, reason="runbooks/slo_burn.md (the SLO burn alerts' runbook) is not written yet"
-)
 def test_every_runbook_url_points_at_a_committed_runbook(spec: SloSpec) -> None:
     from pathlib import Path
 

@@ -1,0 +1,185 @@
+"""Diagnose the fleet: run every rule over a window of the store and say what is wrong.
+
+:func:`diagnose` returns the document of DESIGN.md::
+
+    {"window": {...}, "findings": [{"rule", "severity", "confidence", "replica", "start",
+     "end", "summary", "evidence", "runbook"}], "coverage": {...}}
+
+The window defaults to the data the store holds (never wall-clock now). The data is read
+and bucketed once (:mod:`slokit.analysis.rules._context`); each rule whose sources are
+present then runs on it. A rule whose source is missing is *withheld* and the coverage
+says why (and ``telemetry_gap`` reports the gap as a finding), instead of a guess.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+
+from slokit.analysis.rules import NotApplicable, Rule, all_rules
+from slokit.analysis.rules._context import DiagnoseOptions, build_context, data_bounds
+from slokit.analysis.rules._util import SEVERITY_ORDER
+from slokit.errors import BadInput, NotFound
+from slokit.records import Finding
+from slokit.store.db import Store
+from slokit.timeutil import iso
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "DiagnoseOptions",
+    "Diagnosis",
+    "diagnose",
+    "render_text",
+    "run_diagnosis",
+    "store_findings",
+]
+
+
+@dataclass
+class Diagnosis:
+    window: dict[str, Any]
+    findings: list[Finding]
+    coverage: dict[str, Any]
+    since: float
+    until: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "window": self.window,
+            "findings": [f.to_json() for f in self.findings],
+            "coverage": self.coverage,
+        }
+
+
+def run_diagnosis(
+    con: duckdb.DuckDBPyConnection,
+    since: float | None = None,
+    until: float | None = None,
+    *,
+    options: DiagnoseOptions | None = None,
+    rules: Sequence[Rule] | None = None,
+) -> Diagnosis:
+    """Run the rules over [since, until]; NotFound when the store holds no data there."""
+    opt = options or DiagnoseOptions()
+    lo, hi = data_bounds(con)
+    if lo is None or hi is None:
+        raise NotFound("the store holds no requests, engine or GPU samples")
+    start = lo if since is None else since
+    end = hi if until is None else until
+    if end <= start:
+        raise BadInput(f"empty window: since {iso(start)} is not before until {iso(end)}")
+    ctx = build_context(con, start, end, opt, data_start=lo)
+    if not any(s.present for s in ctx.sources.values()):
+        raise NotFound(f"no data between {iso(start)} and {iso(end)}")
+    selected = list(rules) if rules is not None else all_rules()
+    for rule in selected:
+        missing = [s for s in rule.needs if not ctx.has(s)]
+        if missing:
+            ctx.withheld[rule.id] = "missing source: " + ", ".join(missing)
+    status: dict[str, dict[str, Any]] = {}
+    findings: list[Finding] = []
+    for rule in selected:
+        if rule.id in ctx.withheld:
+            status[rule.id] = {"status": "withheld", "reason": ctx.withheld[rule.id]}
+            continue
+        try:
+            got = rule.evaluate(ctx)
+        except NotApplicable as exc:
+            status[rule.id] = {"status": "not_applicable", "reason": str(exc)}
+            continue
+        except Exception as exc:  # one broken rule must not blind the others
+            log.exception("rule %s failed", rule.id)
+            status[rule.id] = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"}
+            continue
+        status[rule.id] = {"status": "ran", "findings": len(got)}
+        findings.extend(got)
+    for rule_id, notes in ctx.notes.items():
+        if rule_id in status:
+            status[rule_id]["notes"] = notes
+    findings.sort(key=lambda f: (SEVERITY_ORDER.get(f.severity, 3), -f.confidence, f.start_ts))
+    window = {
+        "since": iso(start),
+        "until": iso(end),
+        "bucket_s": opt.bucket_s,
+        "baseline": {
+            "since": iso(ctx.base_since),
+            "until": iso(ctx.base_until),
+            "from": ctx.baseline_source,
+        },
+    }
+    coverage = {
+        "sources": {name: s.to_json() for name, s in ctx.sources.items()},
+        "rules": status,
+        "ran": [r for r, s in status.items() if s["status"] == "ran"],
+        "withheld": {r: s["reason"] for r, s in status.items() if s["status"] == "withheld"},
+    }
+    return Diagnosis(window, findings, coverage, start, end)
+
+
+def diagnose(
+    con: duckdb.DuckDBPyConnection,
+    since: float | None = None,
+    until: float | None = None,
+    *,
+    options: DiagnoseOptions | None = None,
+) -> dict[str, Any]:
+    """The ``diagnose --json`` document for [since, until] (default: all the data)."""
+    return run_diagnosis(con, since, until, options=options).to_json()
+
+
+def store_findings(
+    store: Store,
+    findings: Sequence[Finding],
+    *,
+    window: tuple[float, float] | None = None,
+) -> int:
+    """Persist findings (for ``explain`` and the exporter). With ``window``, findings that
+    an earlier run stored for a span inside that window are replaced, so re-running a
+    diagnosis over the same data does not duplicate them."""
+    if window is not None:
+        with store.transaction() as con:
+            con.execute(
+                "DELETE FROM findings WHERE start_ts >= to_timestamp(?) "
+                "AND end_ts <= to_timestamp(?)",
+                [window[0], window[1]],
+            )
+    return store.append_findings(findings)
+
+
+def render_text(doc: dict[str, Any]) -> str:
+    """The diagnosis for people: one line per finding, then what was (not) looked at."""
+    w = doc["window"]
+    base = w["baseline"]
+    lines = [
+        f"window {w['since']} .. {w['until']}  (baseline {base['since']} .. {base['until']},"
+        f" from {base['from']})",
+        "",
+    ]
+    if not doc["findings"]:
+        lines.append("no findings: nothing stands out against the baseline")
+    for f in doc["findings"]:
+        lines.append(
+            f"{f['severity'].upper():<8} {f['rule']:<26} {f['replica'] or 'fleet':<12} "
+            f"{f['summary']}  [{f['confidence']:.2f}] -> {f['runbook']}"
+        )
+    cov = doc["coverage"]
+    lines += ["", "coverage:"]
+    for name, s in cov["sources"].items():
+        state = (
+            f"{s['rows']} rows, replicas {', '.join(s['replicas']) or '-'}"
+            if s["present"]
+            else "absent"
+        )
+        lines.append(f"  source {name:<9} {state}")
+    lines.append(f"  ran:      {', '.join(cov['ran']) or '-'}")
+    for rule, st in cov["rules"].items():
+        if st["status"] != "ran":
+            lines.append(f"  {st['status']:<15} {rule}: {st['reason']}")
+        for note in st.get("notes", []):
+            lines.append(f"  note {rule}: {note}")
+    return "\n".join(lines)

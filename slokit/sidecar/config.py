@@ -1,0 +1,206 @@
+"""Sidecar configuration: a YAML file < ``SLOKIT_*`` environment < command-line flags.
+
+Keys (YAML and flags share names; env is ``SLOKIT_`` + upper-case key, lists comma-separated):
+``vllm_urls``, ``dcgm_urls``, ``nvml``, ``otlp_http``, ``otlp_grpc``, ``listen``, ``db``,
+``slo``, ``replica``, ``scrape_interval_s``, ``token``, ``forward_otlp``, ``parquet_dir``,
+``max_body_bytes``, ``queue_capacity``, ``batch_max``, ``batch_linger_s``, ``sli_grace_s``,
+``sli_interval_s``, ``diagnose_interval_s``, ``ack_timeout_s``, ``scrape_timeout_s``,
+``db_memory_limit``.
+A vLLM or dcgm URL may be given as ``NAME=URL`` to name its replica.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from slokit.errors import BadInput
+
+DEFAULT_OTLP_HTTP = "127.0.0.1:4318"
+DEFAULT_OTLP_GRPC = "127.0.0.1:4317"
+DEFAULT_LISTEN = "127.0.0.1:9464"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One scrape target: its URL, what it is, and the replica its samples belong to."""
+
+    url: str
+    kind: str  # "vllm" | "dcgm"
+    replica: str
+
+
+@dataclass(frozen=True)
+class SidecarConfig:
+    vllm_urls: tuple[str, ...] = ()
+    dcgm_urls: tuple[str, ...] = ()
+    nvml: bool = False
+    otlp_http: str | None = DEFAULT_OTLP_HTTP
+    otlp_grpc: str | None = DEFAULT_OTLP_GRPC
+    listen: str = DEFAULT_LISTEN
+    db: str = "slokit.duckdb"
+    slo: str | None = None
+    replica: str = field(default_factory=lambda: os.environ.get("POD_NAME") or socket.gethostname())
+    scrape_interval_s: float = 1.0
+    scrape_timeout_s: float | None = None  # default: 80% of the interval
+    token: str | None = None
+    forward_otlp: str | None = None
+    parquet_dir: str | None = None
+    max_body_bytes: int = 64 * 1024 * 1024
+    queue_capacity: int = 100_000
+    batch_max: int = 5000
+    batch_linger_s: float = 0.05  # gather concurrent exports into one transaction
+    db_memory_limit: str | None = "128MB"  # DuckDB's buffer pool bound (None: DuckDB's default)
+    sli_grace_s: float = 30.0
+    sli_interval_s: float = 5.0
+    diagnose_interval_s: float = 30.0
+    ack_timeout_s: float = 30.0
+
+    # -- derived ---------------------------------------------------------------------------
+    @property
+    def timeout_s(self) -> float:
+        t = (
+            self.scrape_timeout_s
+            if self.scrape_timeout_s is not None
+            else self.scrape_interval_s * 0.8
+        )
+        return min(t, self.scrape_interval_s * 0.95)
+
+    def targets(self) -> list[Target]:
+        out: list[Target] = []
+        for kind, urls in (("vllm", self.vllm_urls), ("dcgm", self.dcgm_urls)):
+            for url in urls:
+                name, sep, rest = url.partition("=")
+                if sep and "://" not in name:
+                    out.append(Target(rest, kind, name))
+                else:
+                    replica = (
+                        self.replica
+                        if len(self.vllm_urls) <= 1 or kind == "dcgm"
+                        else _host_port(url)
+                    )
+                    out.append(Target(url, kind, replica))
+        return out
+
+    def endpoints(self) -> list[str]:
+        return [a for a in (self.listen, self.otlp_http, self.otlp_grpc) if a]
+
+    def validate(self) -> SidecarConfig:
+        """Check values; a non-loopback listener without a token is refused."""
+        if self.scrape_interval_s <= 0:
+            raise BadInput(f"scrape interval must be > 0, got {self.scrape_interval_s}")
+        if self.max_body_bytes <= 0 or self.queue_capacity <= 0:
+            raise BadInput("max_body_bytes and queue_capacity must be > 0")
+        for addr in self.endpoints():
+            host, _ = split_host_port(addr)
+            if not is_loopback(host) and not self.token:
+                raise BadInput(
+                    f"refusing to listen on {addr} without a bearer token: pass --token "
+                    "(or SLOKIT_TOKEN), or bind 127.0.0.1"
+                )
+        for url in (*self.vllm_urls, *self.dcgm_urls):
+            t = url.partition("=")[2] if "=" in url and "://" not in url.partition("=")[0] else url
+            if not t.startswith(("http://", "https://")):
+                raise BadInput(f"scrape target must be an http(s) URL, got {url!r}")
+        return self
+
+
+def _host_port(url: str) -> str:
+    rest = url.split("://", 1)[-1]
+    return rest.split("/", 1)[0]
+
+
+def split_host_port(addr: str) -> tuple[str, int]:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit():
+        raise BadInput(f"expected HOST:PORT, got {addr!r}")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+_LISTS = {"vllm_urls", "dcgm_urls"}
+#: Receivers that an empty value ("" flag or env, null in YAML) turns off.
+_OPTIONAL = {"otlp_http", "otlp_grpc"}
+_FIELDS = {f.name: f for f in fields(SidecarConfig)}
+
+
+def _coerce(key: str, value: Any, where: str) -> Any:
+    if value is None:
+        return None
+    typ = str(_FIELDS[key].type)
+    try:
+        if key in _LISTS:
+            if isinstance(value, str):
+                return tuple(v.strip() for v in value.split(",") if v.strip())
+            return tuple(str(v) for v in value)
+        if typ == "bool":
+            if isinstance(value, str):
+                low = value.strip().lower()
+                if low not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                    raise ValueError(value)
+                return low in ("1", "true", "yes", "on")
+            return bool(value)
+        if typ == "int":
+            return int(value)
+        if "float" in typ:
+            return float(value)
+        return str(value)
+    except (TypeError, ValueError):
+        raise BadInput(f"{where}: {key}: cannot use {value!r}") from None
+
+
+def load_config(
+    file: str | Path | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+) -> SidecarConfig:
+    """Merge YAML ``file`` < ``env`` (``SLOKIT_*``) < ``flags`` (None means not given)."""
+    values: dict[str, Any] = {}
+    if file is not None:
+        p = Path(file)
+        try:
+            doc = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        except OSError as exc:
+            raise BadInput(f"cannot read sidecar config {p}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise BadInput(f"{p}: not valid YAML: {exc}") from None
+        if not isinstance(doc, dict):
+            raise BadInput(f"{p}: the sidecar config must be a YAML mapping")
+        unknown = sorted(set(doc) - set(_FIELDS))
+        if unknown:
+            raise BadInput(f"{p}: unknown keys {unknown}; known: {sorted(_FIELDS)}")
+        values.update({k: _coerce(k, v, str(p)) for k, v in doc.items()})
+    environ = os.environ if env is None else env
+    for key in _FIELDS:
+        raw = environ.get("SLOKIT_" + key.upper())
+        if raw == "" and key in _OPTIONAL:
+            values[key] = None
+        elif raw is not None and raw != "":
+            values[key] = _coerce(key, raw, "SLOKIT_" + key.upper())
+    for key, v in (flags or {}).items():
+        if v == "" and key in _OPTIONAL:
+            values[key] = None
+            continue
+        if v is None or (key in _LISTS and not v):
+            continue
+        if key not in _FIELDS:
+            raise BadInput(f"unknown sidecar option {key}")
+        values[key] = _coerce(key, v, "--" + key.replace("_", "-"))
+    return replace(SidecarConfig(), **values)

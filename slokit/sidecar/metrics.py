@@ -1,0 +1,98 @@
+"""The sidecar's own Prometheus metrics (names per docs/metrics.md, the public contract).
+
+Everything lives in one injectable :class:`~prometheus_client.CollectorRegistry`, so tests
+read the values of a sidecar they started without touching the process-global registry.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+SLI_LABELS = ("class", "replica", "model", "outcome")
+
+
+class SidecarMetrics:
+    """Every ``slokit_*`` series the sidecar exports."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry if registry is not None else CollectorRegistry()
+        # -- SLI and cost ------------------------------------------------------------------
+        self.requests = Counter(
+            "slokit_requests_total", "Finished requests by SLO outcome.", SLI_LABELS, registry=r
+        )
+        self.output_tokens = Counter(
+            "slokit_output_tokens_total", "Output tokens of finished requests by SLO outcome.",
+            SLI_LABELS, registry=r,
+        )  # fmt: skip
+        self.gpu_cost = Counter(
+            "slokit_gpu_cost_usd_total", "GPU cost accrued while the replica is up.",
+            ["replica"], registry=r,
+        )  # fmt: skip
+        self.cost_per_good_request = Gauge(
+            "slokit_cost_per_good_request_usd",
+            "GPU cost / good requests over the trailing window.", ["class"], registry=r,
+        )  # fmt: skip
+        self.cost_per_successful_task = Gauge(
+            "slokit_cost_per_successful_task_usd",
+            "GPU cost / successful tasks over the trailing window.", registry=r,
+        )  # fmt: skip
+        self.findings_active = Gauge(
+            "slokit_findings_active", "1 while a diagnostic finding is active.",
+            ["rule", "replica", "severity"], registry=r,
+        )  # fmt: skip
+        self.slo_objective = Gauge(
+            "slokit_slo_objective_ratio", "The class's SLO objective.", ["class"], registry=r
+        )
+        self.slo_bound = Gauge(
+            "slokit_slo_bound_seconds", "The class's good_when bounds.", ["class", "bound"],
+            registry=r,
+        )  # fmt: skip
+        # -- health ------------------------------------------------------------------------
+        self.scrape_up = Gauge(
+            "slokit_scrape_up", "1 if the last scrape succeeded.", ["target", "kind", "replica"],
+            registry=r,
+        )  # fmt: skip
+        self.scrape_duration = Gauge(
+            "slokit_scrape_duration_seconds", "Duration of the last scrape.", ["target", "kind"],
+            registry=r,
+        )  # fmt: skip
+        self.scrape_failures = Counter(
+            "slokit_scrape_failures_total", "Scrapes dropped whole.",
+            ["target", "kind", "reason"], registry=r,
+        )  # fmt: skip
+        self.counter_resets = Counter(
+            "slokit_counter_resets_total", "Counter decreases seen (restarts).", ["target"],
+            registry=r,
+        )  # fmt: skip
+        self.spans_received = Counter(
+            "slokit_spans_received_total", "Spans decoded.", ["protocol"], registry=r
+        )
+        self.spans_rejected = Counter(
+            "slokit_spans_rejected_total", "Spans rejected (partial_success).", ["reason"],
+            registry=r,
+        )  # fmt: skip
+        self.otlp_requests = Counter(
+            "slokit_otlp_requests_total", "OTLP export requests by response code.",
+            ["protocol", "code"], registry=r,
+        )  # fmt: skip
+        self.queue_depth = Gauge(
+            "slokit_write_queue_depth", "Items waiting for the writer.", registry=r
+        )
+        self.queue_capacity = Gauge(
+            "slokit_write_queue_capacity", "Bound of the write queue.", registry=r
+        )
+        self.dropped = Counter(
+            "slokit_dropped_total", "Items refused or dropped.", ["reason"], registry=r
+        )
+        self.ingest_lag = Gauge(
+            "slokit_ingest_lag_seconds", "Age of the oldest item waiting for the writer.",
+            registry=r,
+        )  # fmt: skip
+        self.commit_seconds = Histogram(
+            "slokit_writer_commit_seconds", "Time per writer transaction.", registry=r,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+        )  # fmt: skip
+        self.wal_quarantined = Counter(
+            "slokit_wal_quarantined_total", "Torn/corrupt WAL files set aside at start.",
+            registry=r,
+        )  # fmt: skip

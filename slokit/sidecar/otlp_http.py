@@ -1,0 +1,120 @@
+"""OTLP/HTTP trace receiver: ``POST /v1/traces`` (protobuf or JSON, gzip/deflate or not).
+
+Answers per the OTLP/HTTP spec: 200 with ``ExportTraceServiceResponse`` (``partial_success``
+when spans were rejected) once the spans are committed; 400 with a ``google.rpc.Status``
+body for undecodable data; 413 past the body limit (checked after decompression, so a gzip
+bomb is stopped at the limit); 415 for an unknown content type; 405 for other methods; 503
+with ``Retry-After`` under overload. The response uses the request's encoding (protobuf or
+JSON).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from collections.abc import Awaitable, Callable
+from typing import cast
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+from google.protobuf import json_format
+from google.protobuf.message import Message
+from google.rpc import code_pb2, status_pb2
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceResponse,
+)
+
+from slokit.errors import BadInput
+from slokit.sidecar.otlp_ingest import THREAD_DECODE_BYTES, OtlpIngest, Overloaded
+from slokit.sources.otlp import PayloadTooLarge, UnsupportedMediaType, decode_traces
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+#: Paths served without a token (probes).
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+
+
+def bearer_auth(token: str | None) -> Middleware:
+    """aiohttp middleware: 401 unless ``Authorization: Bearer <token>`` (when a token is set)."""
+    expected = f"Bearer {token}".encode() if token else None
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if expected is not None and request.path not in OPEN_PATHS:
+            got = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(got, expected):
+                return web.json_response(
+                    {"error": "missing or wrong bearer token"}, status=401,
+                    headers={"WWW-Authenticate": 'Bearer realm="slokit"'},
+                )  # fmt: skip
+        return await handler(request)
+
+    return cast(Middleware, middleware)
+
+
+def _encode(msg: Message, as_json: bool) -> tuple[bytes, str]:
+    if as_json:
+        return json_format.MessageToJson(msg, indent=None).encode(), "application/json"
+    return msg.SerializeToString(), "application/x-protobuf"
+
+
+def _status_response(http_status: int, code: int, message: str, as_json: bool,
+                     headers: dict[str, str] | None = None) -> web.Response:  # fmt: skip
+    body, ct = _encode(status_pb2.Status(code=code, message=message[:1000]), as_json)
+    return web.Response(status=http_status, body=body, content_type=ct, headers=headers)
+
+
+class OtlpHttpReceiver:
+    def __init__(self, ingest: OtlpIngest) -> None:
+        self.ingest = ingest
+
+    def app(self, token: str | None = None) -> web.Application:
+        # aiohttp refuses bodies past client_max_size itself; the decoder checks again after
+        # decompression.
+        app = web.Application(client_max_size=self.ingest.max_bytes,
+                              middlewares=[bearer_auth(token)])  # fmt: skip
+        app.router.add_post("/v1/traces", self.handle)
+        return app
+
+    async def handle(self, request: web.Request) -> web.Response:
+        resp = await self._handle(request)
+        self.ingest.metrics.otlp_requests.labels(protocol="http", code=str(resp.status)).inc()
+        return resp
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        ct = request.headers.get("Content-Type", "application/x-protobuf")
+        as_json = ct.split(";")[0].strip().lower() == "application/json"
+        enc = request.headers.get("Content-Encoding")
+        limit = self.ingest.max_bytes
+        if request.content_length is not None and request.content_length > limit:
+            return _status_response(413, code_pb2.INVALID_ARGUMENT,
+                                    f"body over the {limit}-byte limit", as_json)  # fmt: skip
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return _status_response(413, code_pb2.INVALID_ARGUMENT,
+                                    f"body over the {limit}-byte limit", as_json)  # fmt: skip
+        replica = self.ingest.default_replica
+        try:
+            if len(body) >= THREAD_DECODE_BYTES:
+                decoded = await asyncio.to_thread(decode_traces, body, ct, enc, max_bytes=limit,
+                                                  default_replica=replica)  # fmt: skip
+            else:
+                decoded = decode_traces(body, ct, enc, max_bytes=limit, default_replica=replica)
+        except UnsupportedMediaType as exc:
+            return _status_response(415, code_pb2.INVALID_ARGUMENT, str(exc), as_json)
+        except PayloadTooLarge as exc:
+            return _status_response(413, code_pb2.INVALID_ARGUMENT, str(exc), as_json)
+        except BadInput as exc:
+            return _status_response(400, code_pb2.INVALID_ARGUMENT, str(exc), as_json)
+        try:
+            accepted = await self.ingest.accept(decoded, "http", (body, ct, enc))
+        except Overloaded as exc:
+            return _status_response(503, code_pb2.UNAVAILABLE, str(exc), as_json,
+                                    {"Retry-After": str(exc.retry_after_s)})  # fmt: skip
+        out = ExportTraceServiceResponse()
+        if accepted.rejected:
+            out.partial_success.rejected_spans = accepted.rejected
+            out.partial_success.error_message = accepted.error_message
+        data, rct = _encode(out, as_json)
+        return web.Response(status=200, body=data, content_type=rct)

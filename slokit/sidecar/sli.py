@@ -1,0 +1,170 @@
+"""The derived SLI and cost series: ``slokit_requests_total`` and friends, from the store.
+
+A request is counted once, ``grace_s`` after its first fragment arrived (so the client's
+fragment, which comes after vLLM's span, is part of the verdict). Each
+:meth:`SliAccountant.tick` reads, through a read cursor, the requests whose first fragment's
+``ingested_at`` fell in ``(previous cut, now - grace_s]``, classifies them with the SLO spec
+(:func:`slokit.analysis.slo.classify`) and increments the counters. The first arrival of a
+request never changes, so no request is counted twice and nothing per request is kept in
+memory; a fragment that arrives later than ``grace_s`` after the first does not change a
+verdict already counted (feedback should come within the grace period). Only fragments of
+the last ``horizon_s`` (6 h) are read, so a tick costs the same on a year-old file; a
+fragment arriving more than that after its request's first would count it again.
+
+Cost accrues per second while a replica's vLLM scrape is up; the trailing-window gauges
+divide it by the good requests (per class) and successful tasks of the same window, kept in
+per-minute buckets (bounded memory at any request rate).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+
+from slokit.analysis.slo_spec import SloSpec
+from slokit.sidecar.metrics import SidecarMetrics
+
+UNCLASSIFIED = "unclassified"
+_COLUMNS = (
+    "request_id", "replica", "model", "tenant", "slo_class", "task_id", "client_ttft_s",
+    "client_e2e_s", "ttft_s", "queue_s", "prefill_s", "decode_s", "e2e_s", "tpot_s",
+    "itl_p95_s", "prompt_tokens", "output_tokens", "status", "quality_pass",
+)  # fmt: skip
+
+_FINAL_SQL = f"""
+WITH recent AS (
+    SELECT DISTINCT request_id FROM request_fragments
+    WHERE ingested_at > to_timestamp($lo) AND ingested_at <= to_timestamp($hi)
+), first_seen AS (
+    SELECT request_id FROM request_fragments
+    WHERE ingested_at > to_timestamp($horizon) AND request_id IN (SELECT request_id FROM recent)
+    GROUP BY request_id HAVING min(ingested_at) > to_timestamp($lo)
+)
+SELECT {", ".join(_COLUMNS)} FROM requests
+WHERE request_id IN (SELECT request_id FROM first_seen)
+"""
+
+
+@dataclass
+class _Minute:
+    cost_usd: float = 0.0
+    good: Counter[str] = field(default_factory=Counter)
+    single_tasks_ok: int = 0  # requests without a task id: a task of their own
+
+
+class SliAccountant:
+    def __init__(
+        self,
+        metrics: SidecarMetrics,
+        spec: SloSpec | None,
+        *,
+        grace_s: float = 30.0,
+        window_s: float = 3600.0,
+        clock: Callable[[], float] = time.time,
+        max_tasks: int = 100_000,
+        horizon_s: float = 6 * 3600.0,
+    ) -> None:
+        self.metrics = metrics
+        self.spec = spec
+        self.grace_s = grace_s
+        self.window_s = window_s
+        self.clock = clock
+        self.max_tasks = max_tasks
+        self.horizon_s = horizon_s
+        self._watermark = clock() - grace_s  # requests first seen before start: not counted
+        self._lock = threading.Lock()
+        self._minutes: OrderedDict[int, _Minute] = OrderedDict()
+        self._tasks: OrderedDict[str, tuple[float, bool]] = OrderedDict()  # id -> (seen, ok)
+        if spec is not None:
+            for c in spec.classes:
+                metrics.slo_objective.labels(c.name).set(c.objective)
+                for key, ms in c.bounds_ms().items():
+                    metrics.slo_bound.labels(c.name, key.removesuffix("_ms")).set(ms / 1000.0)
+
+    def _minute(self, now: float) -> _Minute:
+        key = int(now // 60)
+        m = self._minutes.get(key)
+        if m is None:
+            m = self._minutes[key] = _Minute()
+        return m
+
+    # -- cost ----------------------------------------------------------------------------
+    def accrue(self, replica: str, seconds: float) -> None:
+        """Add ``seconds`` of one replica being up (called by the scrape loop)."""
+        spec = self.spec
+        if spec is None or spec.gpu_hour_usd is None:
+            return
+        usd = spec.gpu_hour_usd * spec.gpus_per_replica * seconds / 3600.0
+        self.metrics.gpu_cost.labels(replica).inc(usd)
+        with self._lock:
+            self._minute(self.clock()).cost_usd += usd
+
+    # -- requests ------------------------------------------------------------------------
+    def outcome(self, record: dict[str, Any]) -> tuple[str, str]:
+        if self.spec is None:
+            return UNCLASSIFIED, "good" if record.get("status") == "ok" else "error"
+        from slokit.analysis.slo import classify
+
+        cls, outcome = classify(record, self.spec)
+        return cls or UNCLASSIFIED, outcome
+
+    def tick(self, con: duckdb.DuckDBPyConnection) -> int:
+        """Count the requests that became final since the last tick; returns how many."""
+        cut = self.clock() - self.grace_s
+        if cut <= self._watermark:
+            return 0
+        params = {"lo": self._watermark, "hi": cut, "horizon": self._watermark - self.horizon_s}
+        cur = con.execute(_FINAL_SQL, params)
+        names = [d[0] for d in cur.description or []]
+        rows = cur.fetchall()
+        self._watermark = cut
+        now = self.clock()
+        for row in rows:
+            rec = dict(zip(names, row, strict=True))
+            cls, outcome = self.outcome(rec)
+            labels = (cls, rec.get("replica") or "", rec.get("model") or "", outcome)
+            self.metrics.requests.labels(*labels).inc()
+            if rec.get("output_tokens"):
+                self.metrics.output_tokens.labels(*labels).inc(rec["output_tokens"])
+            good = outcome == "good"
+            with self._lock:
+                minute = self._minute(now)
+                if good:
+                    minute.good[cls] += 1
+                task = rec.get("task_id")
+                if task is None:
+                    minute.single_tasks_ok += good
+                else:
+                    _, ok = self._tasks.pop(task, (now, True))
+                    self._tasks[task] = (now, ok and good)
+                    if len(self._tasks) > self.max_tasks:
+                        self._tasks.popitem(last=False)
+        self._update_cost_gauges(now)
+        return len(rows)
+
+    def _update_cost_gauges(self, now: float) -> None:
+        if self.spec is None or self.spec.gpu_hour_usd is None:
+            return
+        first_minute = int((now - self.window_s) // 60)
+        with self._lock:
+            while self._minutes and next(iter(self._minutes)) < first_minute:
+                self._minutes.popitem(last=False)
+            while self._tasks and next(iter(self._tasks.values()))[0] < now - self.window_s:
+                self._tasks.popitem(last=False)
+            cost = sum(m.cost_usd for m in self._minutes.values())
+            good: Counter[str] = Counter()
+            for m in self._minutes.values():
+                good.update(m.good)
+            ok_tasks = sum(m.single_tasks_ok for m in self._minutes.values())
+            ok_tasks += sum(1 for _, ok in self._tasks.values() if ok)
+        for c in self.spec.classes:
+            g = good[c.name]
+            self.metrics.cost_per_good_request.labels(c.name).set(cost / g if g else math.nan)
+        self.metrics.cost_per_successful_task.set(cost / ok_tasks if ok_tasks else math.nan)

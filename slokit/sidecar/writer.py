@@ -1,0 +1,233 @@
+"""The one writer: a thread that owns the store and appends batches from a bounded queue.
+
+Producers (OTLP receivers, scrape loops, feedback) call :meth:`Writer.submit`, which never
+blocks: it either admits the records and returns a future resolved once they are committed,
+or raises :class:`QueueFull` (the receivers answer 503/UNAVAILABLE with Retry-After). An OTLP
+request is answered 200 only after its future resolves, so an acknowledged span is in a
+committed DuckDB transaction, and DuckDB's own WAL keeps it across ``kill -9``.
+
+The bound counts records (spans, samples), not requests, and a batch keeps its weight until
+it is committed, so the records held in memory never exceed ``capacity`` (plus one item when
+the queue was empty: a single body bigger than the bound is admitted alone rather than
+refused forever).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from slokit.records import EngineSample, Finding, GpuSample, RequestFragment, ScrapeResult
+from slokit.sidecar.metrics import SidecarMetrics
+from slokit.store.db import Store
+
+log = logging.getLogger("slokit.sidecar.writer")
+
+Kind = Literal["fragments", "engine", "gpu", "scrapes", "findings"]
+_ORDER: tuple[Kind, ...] = ("fragments", "engine", "gpu", "scrapes", "findings")
+
+
+class QueueFull(Exception):
+    """The write queue is at its bound; retry after ``retry_after_s``."""
+
+    def __init__(self, retry_after_s: int) -> None:
+        super().__init__(f"write queue full; retry after {retry_after_s} s")
+        self.retry_after_s = retry_after_s
+
+
+class WriterStopped(Exception):
+    """The writer is not running (stopping, or never started)."""
+
+
+@dataclass
+class _Item:
+    kind: Kind
+    records: Sequence[Any]
+    enqueued_at: float
+    future: concurrent.futures.Future[int] = field(default_factory=concurrent.futures.Future)
+
+    @property
+    def weight(self) -> int:
+        return max(1, len(self.records))
+
+
+class Writer:
+    """Owns ``store`` for writing; run with :meth:`start`, end with :meth:`stop`.
+
+    ``before_commit`` is called in the writer thread before each batch (tests stall the
+    writer with it); ``clock`` is monotonic seconds (ingest lag).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        metrics: SidecarMetrics,
+        capacity: int = 100_000,
+        batch_max: int = 5000,
+        linger_s: float = 0.0,
+        retry_after_s: int = 1,
+        before_commit: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.capacity = capacity
+        self.batch_max = batch_max
+        self.linger_s = linger_s
+        self.retry_after_s = retry_after_s
+        self.before_commit = before_commit
+        self.clock = clock
+        self._cond = threading.Condition()
+        self._queue: deque[_Item] = deque()
+        self._weight = 0  # queued + in flight
+        self._inflight_since: float | None = None
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.committed_batches = 0
+        self.last_error: str | None = None
+        metrics.queue_capacity.set(capacity)
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="slokit-writer", daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stopping
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Commit what is queued, then end the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    # -- producers -----------------------------------------------------------------------
+    def submit(self, kind: Kind, records: Sequence[Any]) -> concurrent.futures.Future[int]:
+        """Queue ``records``; the future gives how many were committed. Never blocks.
+
+        Raises :class:`QueueFull` at the bound, :class:`WriterStopped` when not running.
+        """
+        item = _Item(kind, records, self.clock())
+        with self._cond:
+            if self._stopping or self._thread is None:
+                raise WriterStopped("the writer is not running")
+            if self._weight and self._weight + item.weight > self.capacity:
+                self.metrics.dropped.labels(reason="queue_full").inc(len(records))
+                raise QueueFull(self.retry_after_s)
+            self._queue.append(item)
+            self._weight += item.weight
+            self.metrics.queue_depth.set(self._weight)
+            self._cond.notify()
+        return item.future
+
+    @property
+    def depth(self) -> int:
+        """Records queued or being committed."""
+        return self._weight
+
+    def lag_s(self) -> float:
+        """Age of the oldest record not yet committed (0 when idle)."""
+        with self._cond:
+            oldest = self._inflight_since
+            if self._queue:
+                head = self._queue[0].enqueued_at
+                oldest = head if oldest is None else min(oldest, head)
+        return 0.0 if oldest is None else max(0.0, self.clock() - oldest)
+
+    # -- the thread ----------------------------------------------------------------------
+    def _take(self) -> list[_Item] | None:
+        with self._cond:
+            while not self._queue:
+                if self._stopping:
+                    return None
+                self._cond.wait(0.5)
+            if self.linger_s > 0 and not self._stopping:
+                deadline = self.clock() + self.linger_s
+                while self._queued_weight() < self.batch_max and not self._stopping:
+                    left = deadline - self.clock()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
+            batch: list[_Item] = []
+            n = 0
+            while self._queue and (not batch or n + self._queue[0].weight <= self.batch_max):
+                item = self._queue.popleft()
+                batch.append(item)
+                n += item.weight
+            self._inflight_since = min(i.enqueued_at for i in batch)
+            return batch
+
+    def _queued_weight(self) -> int:
+        return sum(i.weight for i in self._queue)
+
+    def _run(self) -> None:
+        while True:
+            batch = self._take()
+            if batch is None:
+                return
+            try:
+                if self.before_commit is not None:
+                    self.before_commit()
+                self._commit(batch)
+            except BaseException as exc:  # never let the writer die on one batch
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.exception("writer batch failed")
+                for item in batch:
+                    if not item.future.done():
+                        item.future.set_exception(exc)
+            finally:
+                with self._cond:
+                    self._weight -= sum(i.weight for i in batch)
+                    self._inflight_since = None
+                    self.metrics.queue_depth.set(self._weight)
+
+    def _commit(self, batch: list[_Item]) -> None:
+        by_kind: dict[Kind, list[_Item]] = {}
+        for item in batch:
+            by_kind.setdefault(item.kind, []).append(item)
+        for kind in _ORDER:
+            items = by_kind.get(kind)
+            if not items:
+                continue
+            records = [r for i in items for r in i.records]
+            t0 = time.perf_counter()
+            try:
+                self._append(kind, records)
+            except Exception as exc:
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.error("writer: appending %d %s records failed: %s", len(records), kind, exc)
+                for i in items:
+                    i.future.set_exception(exc)
+                continue
+            self.metrics.commit_seconds.observe(time.perf_counter() - t0)
+            self.committed_batches += 1
+            for i in items:
+                i.future.set_result(len(i.records))
+
+    def _append(self, kind: Kind, records: list[Any]) -> None:
+        s = self.store
+        if kind == "fragments":
+            frags: list[RequestFragment] = records
+            s.append_fragments(frags)
+        elif kind == "engine":
+            engine: list[EngineSample] = records
+            s.append_engine_samples(engine)
+        elif kind == "gpu":
+            gpu: list[GpuSample] = records
+            s.append_gpu_samples(gpu)
+        elif kind == "scrapes":
+            scrapes: list[ScrapeResult] = records
+            s.append_scrapes(scrapes)
+        else:
+            findings: list[Finding] = records
+            s.append_findings(findings)

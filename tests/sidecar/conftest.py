@@ -1,0 +1,52 @@
+"""Fixtures for the sidecar tests (the harness lives in sidecar_harness.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+from sidecar_harness import BASE, LoopThread, Running, StartSidecar, TargetServer
+
+from slokit.sidecar.runner import Sidecar
+
+
+@pytest.fixture
+def start_sidecar(tmp_path: Path) -> Iterator[StartSidecar]:
+    """``start_sidecar(**config_overrides, before_commit=..., scrape_transport=...)``."""
+    lt = LoopThread()
+    started: list[Sidecar] = []
+
+    def start(**kw: Any) -> Running:
+        inject = {k: kw.pop(k) for k in ("before_commit", "scrape_transport", "forward_transport", "nvml_poller")
+                  if k in kw}  # fmt: skip
+        db = Path(kw.pop("db", tmp_path / f"sidecar{len(started)}.duckdb"))
+        cfg = replace(BASE, db=str(db), **kw)
+        reg = CollectorRegistry()
+        sc = Sidecar(cfg, registry=reg, **inject)
+        lt.call(sc.start())
+        started.append(sc)
+        return Running(sc, reg, db)
+
+    yield start
+    for sc in started:
+        lt.call(sc.stop())
+    lt.close()
+
+
+@pytest.fixture(scope="session")
+def export_body(vllm_fixtures: Path) -> bytes:
+    """A real vLLM export: 64 ``llm_request`` spans (request ids r0..r63)."""
+    return (vllm_fixtures / "otlp" / "export_06.pb").read_bytes()
+
+
+@pytest.fixture
+def target(vllm_fixtures: Path) -> Iterator[TargetServer]:
+    lt = LoopThread()
+    t = TargetServer(lt, vllm_fixtures)
+    yield t
+    t.close()
+    lt.close()

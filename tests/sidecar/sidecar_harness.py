@@ -1,0 +1,169 @@
+"""Test harness: a real sidecar on free 127.0.0.1 ports, in a background event loop thread.
+
+Tests talk to it over real HTTP/gRPC with synchronous clients, exactly as vLLM or Prometheus
+would. Ports are picked by the OS (port 0); the registry and the DuckDB file are per test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from prometheus_client import CollectorRegistry
+
+from slokit.sidecar.config import SidecarConfig
+from slokit.sidecar.runner import Sidecar
+
+BASE = SidecarConfig(
+    otlp_http="127.0.0.1:0",
+    otlp_grpc="127.0.0.1:0",
+    listen="127.0.0.1:0",
+    replica="test-pod",
+    sli_interval_s=0.2,
+    sli_grace_s=0.5,
+)
+
+
+class LoopThread:
+    """An asyncio loop in a daemon thread; :meth:`call` runs a coroutine there and waits."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def call(self, coro: Any, timeout: float = 30.0) -> Any:
+        fut: Future[Any] = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return fut.result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+
+
+@dataclass
+class Running:
+    sidecar: Sidecar
+    registry: CollectorRegistry
+    db: Path
+
+    @property
+    def api(self) -> str:
+        return f"http://127.0.0.1:{self.sidecar.ports['api']}"
+
+    @property
+    def otlp(self) -> str:
+        return f"http://127.0.0.1:{self.sidecar.ports['otlp_http']}/v1/traces"
+
+    @property
+    def grpc_target(self) -> str:
+        return f"127.0.0.1:{self.sidecar.ports['otlp_grpc']}"
+
+    def value(self, name: str, **labels: str) -> float:
+        v = self.registry.get_sample_value(name, labels)
+        return 0.0 if v is None else v
+
+
+StartSidecar = Callable[..., Running]
+
+
+def relabel(body: bytes, prefix: str, *, seed: int = 0) -> tuple[bytes, list[str]]:
+    """The real export with fresh span ids and request ids ``<prefix>-<i>``: new requests."""
+    rng = random.Random(f"{prefix}/{seed}")
+    msg = ExportTraceServiceRequest()
+    msg.ParseFromString(body)
+    ids: list[str] = []
+    for rs in msg.resource_spans:
+        for ss in rs.scope_spans:
+            for span in ss.spans:
+                span.span_id = rng.randbytes(8)
+                for kv in span.attributes:
+                    if kv.key == "gen_ai.request.id":
+                        rid = f"{prefix}-{len(ids)}"
+                        kv.value.string_value = f"cmpl-{rid}-0"
+                        ids.append(rid)
+    return msg.SerializeToString(), ids
+
+
+def post(url: str, body: bytes, content_type: str = "application/x-protobuf",
+         **headers: str) -> httpx.Response:  # fmt: skip
+    return httpx.post(url, content=body, headers={"Content-Type": content_type, **headers},
+                      timeout=30)  # fmt: skip
+
+
+def request_ids(running: Running) -> set[str]:
+    assert running.sidecar.store is not None
+    cur = running.sidecar.store.cursor()
+    try:
+        return {r[0] for r in cur.execute("SELECT request_id FROM requests").fetchall()}
+    finally:
+        cur.close()
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+class TargetServer:
+    """A small aiohttp /metrics target whose behaviour a test switches between scrapes."""
+
+    def __init__(self, lt: LoopThread, fixtures: Path) -> None:
+        from aiohttp import web
+
+        self.lt = lt
+        self.body = (fixtures / "metrics_after_load.prom").read_bytes()
+        self.idle = (fixtures / "metrics_idle.prom").read_bytes()
+        self.mode = "ok"
+        self.hits = 0
+
+        async def metrics(request: web.Request) -> web.Response:
+            self.hits += 1
+            if self.mode == "slow":
+                await asyncio.sleep(1)
+            if self.mode == "garbage":
+                return web.Response(body=b"vllm:num_requests_running{ 1 2 3 garbage\n{{{")
+            if self.mode == "error":
+                return web.Response(status=500, text="boom")
+            body = self.idle if self.mode == "restarted" else self.body
+            return web.Response(body=body, content_type="text/plain")
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        self.runner = web.AppRunner(app, shutdown_timeout=1.0)
+
+        async def start() -> int:
+            await self.runner.setup()
+            site = web.TCPSite(self.runner, "127.0.0.1", 0)
+            await site.start()
+            return int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+
+        self.port = lt.call(start())
+        self.url = f"http://127.0.0.1:{self.port}/metrics"
+
+    def close(self) -> None:
+        self.lt.call(self.runner.cleanup())
+
+
+def closed_port_url() -> str:
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return f"http://127.0.0.1:{port}/metrics"

@@ -1,0 +1,77 @@
+"""Sidecar config: YAML file < SLOKIT_* env < flags, and clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slokit.errors import BadInput
+from slokit.sidecar.config import Target, load_config
+
+
+def _yaml(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "sidecar.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_flags_win_over_env_which_wins_over_the_file(tmp_path: Path) -> None:
+    f = _yaml(tmp_path, "db: file.duckdb\nscrape_interval_s: 5\nreplica: from-file\nnvml: true\n")
+    env = {"SLOKIT_DB": "env.duckdb", "SLOKIT_SCRAPE_INTERVAL_S": "2"}
+    cfg = load_config(f, env=env, flags={"db": "flag.duckdb", "replica": None})
+    assert cfg.db == "flag.duckdb"
+    assert cfg.scrape_interval_s == 2.0
+    assert cfg.replica == "from-file"
+    assert cfg.nvml is True
+
+
+def test_scrape_timeout_stays_below_the_interval() -> None:
+    cfg = load_config(env={}, flags={"scrape_interval_s": 1.0, "scrape_timeout_s": 5.0})
+    assert cfg.timeout_s < 1.0
+    assert load_config(env={}, flags={"scrape_interval_s": 2.0}).timeout_s == pytest.approx(1.6)
+
+
+def test_list_values_come_from_flags_env_or_yaml(tmp_path: Path) -> None:
+    f = _yaml(tmp_path, "vllm_urls: [http://a:8000/metrics]\n")
+    assert load_config(f, env={}).vllm_urls == ("http://a:8000/metrics",)
+    env = {"SLOKIT_VLLM_URLS": "http://b/metrics, http://c/metrics"}
+    assert load_config(f, env=env).vllm_urls == ("http://b/metrics", "http://c/metrics")
+    assert load_config(f, env=env, flags={"vllm_urls": ("http://d/metrics",)}).vllm_urls == (
+        "http://d/metrics",
+    )
+
+
+def test_targets_name_their_replica() -> None:
+    one = load_config(env={}, flags={"vllm_urls": ("http://v:8000/metrics",), "replica": "pod-1",
+                                     "dcgm_urls": ("http://d:9400/metrics",)})  # fmt: skip
+    assert one.targets() == [Target("http://v:8000/metrics", "vllm", "pod-1"),
+                             Target("http://d:9400/metrics", "dcgm", "pod-1")]  # fmt: skip
+    two = load_config(env={}, flags={"vllm_urls": ("gpu0=http://v:8000/metrics",
+                                                   "http://v:8001/metrics")})  # fmt: skip
+    assert [t.replica for t in two.targets()] == ["gpu0", "v:8001"]
+
+
+def test_an_empty_receiver_address_turns_it_off() -> None:
+    cfg = load_config(env={"SLOKIT_OTLP_GRPC": ""}, flags={"otlp_http": ""})
+    assert cfg.otlp_http is None and cfg.otlp_grpc is None
+    assert cfg.listen == "127.0.0.1:9464"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("dbb: x\n", "unknown keys"),
+        ("scrape_interval_s: fast\n", "scrape_interval_s"),
+        ("- a\n", "mapping"),
+        ("a: [\n", "not valid YAML"),
+    ],
+)
+def test_a_bad_file_is_a_clear_error(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(BadInput, match=message):
+        load_config(_yaml(tmp_path, text), env={})
+
+
+def test_a_scrape_target_must_be_a_url() -> None:
+    with pytest.raises(BadInput, match="http"):
+        load_config(env={}, flags={"vllm_urls": ("localhost:8000",)}).validate()

@@ -49,3 +49,21 @@ def handle_errors(f: F) -> F:
 
 def print_json(obj: Any) -> None:
     click.echo(json.dumps(obj, indent=2, sort_keys=False, default=str))
+
+
+def running_sidecar(db: str) -> str:
+    """The API URL of the sidecar that holds ``db`` (it left ``<db>.sidecar.json``).
+
+    Called when opening ``db`` failed on its lock; raises StoreBusy when no live sidecar
+    says it holds the file."""
+    from slokit.errors import StoreBusy
+    from slokit.sidecar.discovery import find_sidecar
+
+    url = find_sidecar(db)
+    if url is None:
+        raise StoreBusy(
+            f"{db} is held by another process, and no running sidecar says it "
+            "holds it; pass --sidecar URL"
+        )
+    click.echo(f"slokit: {db} is held by the sidecar at {url}; asking it", err=True)
+    return url

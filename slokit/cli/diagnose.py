@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from slokit.cli._common import db_option, handle_errors, print_json
+from slokit.cli._common import db_option, handle_errors, print_json, running_sidecar
 
 
 @click.command("diagnose")
@@ -59,18 +59,28 @@ def command(
     else:
         from slokit.analysis.diagnose import DiagnoseOptions, run_diagnosis, store_findings
         from slokit.analysis.rules._context import data_bounds
+        from slokit.errors import StoreBusy
         from slokit.store.db import open_store
         from slokit.timeutil import parse_duration, parse_time
 
-        with open_store(db, read_only=not save) as store:
-            _, newest = data_bounds(store.con)
-            lo = parse_time(since, newest) if since else None
-            hi = parse_time(until, newest) if until else None
-            options = DiagnoseOptions(baseline_lookback_s=parse_duration(baseline))
-            result = run_diagnosis(store.con, lo, hi, options=options)
+        try:
+            store = open_store(db, read_only=not save)
+        except StoreBusy:
             if save:
-                store_findings(store, result.findings, window=(result.since, result.until))
-            doc = result.to_json()
+                raise
+            from slokit.client import SidecarClient
+
+            doc = SidecarClient(running_sidecar(db), token=token).diagnose(since, until)
+        else:
+            with store:
+                _, newest = data_bounds(store.con)
+                lo = parse_time(since, newest) if since else None
+                hi = parse_time(until, newest) if until else None
+                options = DiagnoseOptions(baseline_lookback_s=parse_duration(baseline))
+                result = run_diagnosis(store.con, lo, hi, options=options)
+                if save:
+                    store_findings(store, result.findings, window=(result.since, result.until))
+                doc = result.to_json()
     if as_json:
         print_json(doc)
     else:

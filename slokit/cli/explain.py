@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from slokit.cli._common import db_option, handle_errors, print_json
+from slokit.cli._common import db_option, handle_errors, print_json, running_sidecar
 
 
 @click.command("explain")
@@ -43,9 +43,16 @@ def command(
         from slokit.analysis.slo_spec import load_spec
         from slokit.store.db import open_store
 
+        from slokit.errors import StoreBusy
+
         spec = load_spec(slo_file) if slo_file else None
-        with open_store(db, read_only=True) as store:
-            doc = explain_request(store.con, request_id, spec=spec)
+        try:
+            with open_store(db, read_only=True) as store:
+                doc = explain_request(store.con, request_id, spec=spec)
+        except StoreBusy:
+            from slokit.client import SidecarClient
+
+            doc = SidecarClient(running_sidecar(db), token=token).explain(request_id)
     if as_json:
         print_json(doc)
     else:

@@ -62,6 +62,11 @@ def open_store_quarantining(path: str, metrics: SidecarMetrics) -> Store:
         return open_store(path)
 
 
+#: How far back the sidecar's periodic diagnosis looks from the newest data.
+FINDINGS_WINDOW_S = 900.0
+#: A finding counts as active (slokit_findings_active) while it ended this recently.
+FINDINGS_ACTIVE_S = 60.0
+
 class Sidecar:
     """A running sidecar. Injectables: ``registry`` (metrics), ``scrape_transport`` and
     ``forward_transport`` (httpx), ``before_commit`` (writer hook), ``nvml_poller``."""
@@ -228,20 +233,33 @@ class Sidecar:
         self.sli.tick(con)
 
     def _findings_tick(self, con: Any) -> None:
+        """Diagnose the recent window, store its findings (``explain`` reads them) and export
+        the ones still active."""
         try:
-            from slokit.analysis.diagnose import diagnose
+            from slokit.analysis.diagnose import run_diagnosis, store_findings
         except ImportError:
             return
+        from slokit.errors import NotFound
         from slokit.store.queries import data_span
 
-        newest = data_span(con)[1]
-        if newest is None:
+        oldest, newest = data_span(con)
+        if oldest is None or newest is None:
             return
-        doc = diagnose(con, since=newest - 900.0, until=None)
+        # A window that starts before the data would leave the rules no baseline to compare
+        # with: use all the data until there is more than a window of it.
+        since = newest - FINDINGS_WINDOW_S if oldest < newest - FINDINGS_WINDOW_S else None
+        try:
+            result = run_diagnosis(con, since=since)
+        except NotFound:
+            return
+        assert self.store is not None
+        store_findings(self.store, result.findings, window=(result.since, result.until))
+        recent = newest - max(FINDINGS_ACTIVE_S, 2 * self.config.diagnose_interval_s)
         g = self.metrics.findings_active
         g.clear()
-        for f in doc.get("findings", []):
-            g.labels(f.get("rule", ""), f.get("replica") or "fleet", f.get("severity", "")).set(1)
+        for f in result.findings:
+            if f.end_ts >= recent:
+                g.labels(f.rule, f.replica or "fleet", f.severity).set(1)
 
     async def stop(self) -> None:
         """Stop receiving, commit what is queued, close the store."""

@@ -264,13 +264,6 @@ def test_every_dashboard_query_returns_data(lab: Lab) -> None:
     _assert_data(lab, [q for q in _queries() if q.panel != FINDINGS_PANEL], 90)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the sidecar diagnoses [newest - 15m, newest] and takes the window's first 30s as "
-    "baseline: before it has run 15 minutes that baseline is empty, so no finding (and no "
-    "slokit_findings_active series) appears; `slokit diagnose` on the same store finds "
-    "queue_saturation. Fix in slokit/sidecar/runner.py (clamp since to the data start).",
-)
 def test_active_findings_panel_shows_the_incident(lab: Lab) -> None:
     _assert_data(lab, [q for q in _queries() if q.panel == FINDINGS_PANEL], 30)
 

@@ -108,3 +108,23 @@ def otlp_http_capture() -> Iterator[OtlpHttpCapture]:
     capture = OtlpHttpCapture().start()
     yield capture
     capture.stop()
+
+
+#: The configuration most real-vLLM tests share, so the suite starts it once.
+SMOKE_POD = "pod-a"
+
+
+@pytest.fixture(scope="session")
+def smoke_server(
+    vllm_server: Callable[..., VllmServer], otlp_http_capture: OtlpHttpCapture
+) -> VllmServer:
+    """Real vLLM with 4 sequences, exporting spans over OTLP/HTTP to ``otlp_http_capture``
+    as replica ``pod-a`` (200 ms span batches)."""
+    return vllm_server(
+        max_num_seqs=4,
+        otlp_traces_endpoint=otlp_http_capture.endpoint,
+        otlp_protocol="http/protobuf",
+        otel_service_name="vllm-smoke",
+        otel_resource_attributes={"k8s.pod.name": SMOKE_POD},
+        otel_bsp_schedule_delay_ms=200,
+    )

@@ -13,7 +13,6 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -35,13 +34,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_vllm_panels_return_data_from_real_vllm(
-    vllm_server: Callable[..., VllmServer], tmp_path: Path
-) -> None:
+def test_vllm_panels_return_data_from_real_vllm(smoke_server: VllmServer, tmp_path: Path) -> None:
     prometheus = shutil.which("prometheus")
     if prometheus is None:
         raise RuntimeError("prometheus not found: install the Debian package 'prometheus'")
-    server = vllm_server()
+    server = smoke_server
     target = server.base_url.split("://", 1)[1]
     cfg = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "900ms"},

@@ -137,9 +137,9 @@ def capture(otlp_http_capture: OtlpHttpCapture) -> OtlpHttpCapture:
 
 
 def test_healthy_run_reports_nothing_above_info(
-    vllm_server: Callable[..., VllmServer], capture: OtlpHttpCapture, tmp_path: Path
+    smoke_server: VllmServer, capture: OtlpHttpCapture, tmp_path: Path
 ) -> None:
-    server = vllm_server(max_num_seqs=4, otlp_traces_endpoint=capture.endpoint, **_SMOKE)
+    server = smoke_server
     doc = _diagnose_run(server, capture, [Phase(40, 2.0, 32, 32)], tmp_path)
     assert _rules(doc) == set(), json.dumps(doc["findings"], indent=1)
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,17 +58,8 @@ def _stream(
 
 
 @pytest.fixture(scope="module")
-def exchange(
-    vllm_server: Callable[..., VllmServer], otlp_http_capture: OtlpHttpCapture
-) -> Exchange:
-    server = vllm_server(
-        max_num_seqs=4,
-        otlp_traces_endpoint=otlp_http_capture.endpoint,
-        otlp_protocol="http/protobuf",
-        otel_service_name=SERVICE,
-        otel_resource_attributes={"k8s.pod.name": POD},
-        otel_bsp_schedule_delay_ms=200,
-    )
+def exchange(smoke_server: VllmServer, otlp_http_capture: OtlpHttpCapture) -> Exchange:
+    server = smoke_server
     tag = uuid.uuid4().hex[:8]
     sent: list[Sent] = []
     with httpx.Client(base_url=server.base_url, timeout=60) as client:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,18 +77,11 @@ def _scrape(server: VllmServer, path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def run(
-    vllm_server: Callable[..., VllmServer],
+    smoke_server: VllmServer,
     otlp_http_capture: OtlpHttpCapture,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Run:
-    server = vllm_server(
-        max_num_seqs=4,
-        otlp_traces_endpoint=otlp_http_capture.endpoint,
-        otlp_protocol="http/protobuf",
-        otel_service_name="vllm-smoke",
-        otel_resource_attributes={"k8s.pod.name": POD},
-        otel_bsp_schedule_delay_ms=200,
-    )
+    server = smoke_server
     tmp = tmp_path_factory.mktemp("records")
     tag = uuid.uuid4().hex[:8]
     measured: dict[str, Measured] = {}

@@ -9,7 +9,7 @@ keys with the same value types; response ids and body keys match.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,15 +81,8 @@ def _spans_for(capture: OtlpHttpCapture, tag: str) -> dict[str, dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def real(vllm_server: Callable[..., VllmServer], otlp_http_capture: OtlpHttpCapture) -> Side:
-    server = vllm_server(
-        max_num_seqs=4,
-        otlp_traces_endpoint=otlp_http_capture.endpoint,
-        otlp_protocol="http/protobuf",
-        otel_service_name="vllm-smoke",
-        otel_resource_attributes={"k8s.pod.name": "pod-a"},
-        otel_bsp_schedule_delay_ms=200,
-    )
+def real(smoke_server: VllmServer, otlp_http_capture: OtlpHttpCapture) -> Side:
+    server = smoke_server
     tag = "real-" + uuid.uuid4().hex[:6]
     comp, chat = _exercise(server.base_url, "tiny", tag)
     metrics = httpx.get(server.base_url + "/metrics", timeout=10).text

@@ -41,9 +41,8 @@ def command(
         doc = SidecarClient(sidecar, token=token).explain(request_id)
     else:
         from slokit.analysis.slo_spec import load_spec
-        from slokit.store.db import open_store
-
         from slokit.errors import StoreBusy
+        from slokit.store.db import open_store
 
         spec = load_spec(slo_file) if slo_file else None
         try:

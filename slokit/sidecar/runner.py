@@ -67,6 +67,7 @@ FINDINGS_WINDOW_S = 900.0
 #: A finding counts as active (slokit_findings_active) while it ended this recently.
 FINDINGS_ACTIVE_S = 60.0
 
+
 class Sidecar:
     """A running sidecar. Injectables: ``registry`` (metrics), ``scrape_transport`` and
     ``forward_transport`` (httpx), ``before_commit`` (writer hook), ``nvml_poller``."""

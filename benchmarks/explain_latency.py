@@ -104,4 +104,6 @@ def main(argv: list[str]) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    main([])
+    import sys
+
+    main(sys.argv[1:])

@@ -76,4 +76,6 @@ def main(argv: list[str]) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    main([])
+    import sys
+
+    main(sys.argv[1:])

@@ -1,12 +1,14 @@
-"""Run every benchmark in this folder (each ``benchmarks/<name>.py`` with a ``main()``) in turn.
+"""Run every benchmark script in this folder in turn (``make bench``).
 
-``python benchmarks/run.py [NAME ...]`` runs the named ones only. Figures are medians over
-repeats, with ratios against a baseline measured in the same run: these machines are noisy.
+``python benchmarks/run.py [NAME ...]`` runs the named ones only (``NAME`` without ``.py``).
+Each script runs in its own process with its defaults and prints its figures: medians over
+repeats, with ratios against a baseline measured in the same run (these machines are noisy).
+The sidecar soak runs 10 minutes.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -15,26 +17,19 @@ HERE = Path(__file__).resolve().parent
 
 
 def main(argv: list[str]) -> int:
-    sys.path.insert(0, str(HERE))
     names = argv or sorted(
         p.stem for p in HERE.glob("*.py") if not p.stem.startswith("_") and p.stem != "run"
     )
-    failed = 0
+    failed = []
     for name in names:
-        spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        if not hasattr(module, "main"):
-            continue
         print(f"== {name}", flush=True)
         t = time.perf_counter()
-        try:
-            module.main([])
-        except Exception as exc:  # report and go on to the next benchmark
-            failed += 1
-            print(f"   FAILED: {type(exc).__name__}: {exc}")
-        print(f"   ({time.perf_counter() - t:.1f} s)", flush=True)
+        rc = subprocess.call([sys.executable, str(HERE / f"{name}.py")], cwd=HERE.parent)
+        print(f"   ({time.perf_counter() - t:.1f} s, exit {rc})", flush=True)
+        if rc != 0:
+            failed.append(name)
+    if failed:
+        print(f"failed: {', '.join(failed)}")
     return 1 if failed else 0
 
 

@@ -79,5 +79,8 @@ def command(config_file: str | None, log_level: str, **flags: Any) -> None:
 
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    # httpx logs every scrape at INFO: one line per target per second drowns the sidecar's own.
+    if logging.getLogger().level > logging.DEBUG:
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     config = load_config(config_file, flags=flags)
     run(config)

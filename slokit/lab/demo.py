@@ -334,7 +334,7 @@ def run_demo(cfg: DemoConfig, echo: Echo = print) -> int:
         echo("-- stopping the sidecar (it flushes and closes the DuckDB file)")
         stop_process(sidecar)
     rc = 0
-    rc |= _run_cli(cfg, echo, "diagnose", "--db", str(db))
+    rc |= _run_cli(cfg, echo, "diagnose", "--save", "--db", str(db))
     rc |= _run_cli(cfg, echo, "slo", "report", "--slo", str(cfg.slo), "--db", str(db))
     worst = _worst_request(db)
     if worst:

@@ -91,6 +91,7 @@ class Sidecar:
         self.ports: dict[str, int] = {}
         self._runners: list[web.AppRunner] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self._inflight: set[asyncio.Future[None]] = set()
         self._stoppables: list[Callable[[], Awaitable[None]]] = []
         self._started = False
         self._discovery = False
@@ -222,8 +223,15 @@ class Sidecar:
         async def loop() -> None:
             while True:
                 await asyncio.sleep(every_s)
+                # A thread cannot be cancelled: track its future so stop() waits for it
+                # before closing the store under it.
+                fut = asyncio.get_running_loop().run_in_executor(None, once)
+                self._inflight.add(fut)
+                fut.add_done_callback(self._inflight.discard)
                 try:
-                    await asyncio.to_thread(once)
+                    await asyncio.shield(fut)
+                except asyncio.CancelledError:
+                    raise
                 except Exception:
                     log.exception("periodic task %s failed", name)
 
@@ -274,6 +282,8 @@ class Sidecar:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        if self._inflight:  # periodic work already running in threads finishes first
+            await asyncio.wait(set(self._inflight))
         for runner in self._runners:
             await runner.cleanup()
         self._runners.clear()

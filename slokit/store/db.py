@@ -106,7 +106,8 @@ class Store:
 
     # -- lifecycle -------------------------------------------------------------------------
     def close(self) -> None:
-        self.con.close()
+        with self._lock:  # never under a transaction another thread has open
+            self.con.close()
 
     def __enter__(self) -> Store:
         return self

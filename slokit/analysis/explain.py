@@ -364,13 +364,15 @@ def explain_request(
     dominant = _dominant(comps, preempted)
     slo = _slo(rec, spec)
     unusual = _is_unusual(ctx, slo, opt)
+    # Info-level findings (a telemetry gap, a mild drift) are context, not the cause.
+    actionable = [f for f in findings if f["severity"] != "info"]
     runbook = None
-    if findings:
-        runbook = findings[0]["runbook"]
+    if actionable:
+        runbook = actionable[0]["runbook"]
     elif dominant in DOMINANT_RUNBOOK and unusual:
         runbook = f"runbooks/{DOMINANT_RUNBOOK[dominant]}.md"
     cause = _cause(rec, comps, dominant, ctx, runbook)
-    if not unusual and not findings:
+    if not unusual and not actionable:
         cause = cause[:-1] + "; typical for its peers, nothing to fix."
     return {
         "request_id": rec["request_id"],

@@ -258,7 +258,7 @@ def _start_engines(
                 VllmServer(
                     VllmServerConfig(
                         model_dir=model_dir,
-                        max_num_seqs=4,
+                        max_num_seqs=2,
                         num_gpu_blocks_override=64,
                         otlp_traces_endpoint=otlp,
                         otlp_protocol="http/protobuf",
@@ -288,7 +288,7 @@ def run_demo(cfg: DemoConfig, echo: Echo = print) -> int:
                 **cfg.__dict__,
                 "phases": (
                     Phase("baseline", 20.0, (1.0, 1.0)),
-                    Phase("incident", 25.0, (6.0, 1.0)),
+                    Phase("incident", 25.0, (12.0, 1.0)),
                 ),
             }
         )

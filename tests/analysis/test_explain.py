@@ -197,3 +197,25 @@ def test_text_rendering_shows_cause_components_and_unknowns(store: Store) -> Non
     text = render_text(explain_request(store.con, "slow"))
     assert "cause: Queued 3.00 s" in text
     assert "queue" in text and "cannot know:" in text and "runbooks/queue_saturation.md" in text
+
+
+def test_an_info_finding_is_context_not_the_runbook(store: Store) -> None:
+    store.append_findings(
+        [
+            Finding(
+                "telemetry_gap",
+                "info",
+                1.0,
+                None,
+                T0,
+                T0 + 60,
+                "no GPU telemetry",
+                {},
+                "runbooks/telemetry_gap.md",
+            )
+        ]
+    )
+    doc = explain_request(store.con, "slow")
+    assert [f["rule"] for f in doc["findings"]] == ["telemetry_gap"]
+    assert doc["runbook"] == "runbooks/queue_saturation.md"
+    assert explain_request(store.con, "p3")["runbook"] is None

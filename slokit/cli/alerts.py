@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from slokit.cli._common import handle_errors
+from slokit.cli._generate import generator_options
 
 
 @click.group("alerts")
@@ -31,24 +32,7 @@ def command() -> None:
     type=click.Path(file_okay=False),
     help="Directory to write the rule files into.",
 )
-@click.option(
-    "--runbook-base-url",
-    default="runbooks",
-    show_default=True,
-    help="Base URL of the runbooks; each alert's runbook_url is <base>/<rule>.md.",
-)
-@click.option(
-    "--replica-label",
-    default="pod",
-    show_default=True,
-    help="Prometheus label naming the replica on vLLM series.",
-)
-@click.option(
-    "--gpu-replica-label",
-    default="pod",
-    show_default=True,
-    help="Prometheus label naming the replica on dcgm-exporter series.",
-)
+@generator_options
 @click.option(
     "--window-scale",
     default=1.0,

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from slokit.cli._common import handle_errors
+from slokit.cli._generate import generator_options
 
 
 @click.group("dashboards")
@@ -30,24 +31,7 @@ def command() -> None:
     envvar="SLOKIT_SLO",
     help="SLO spec: per-class attainment panels and SLO bound thresholds.",
 )
-@click.option(
-    "--runbook-base-url",
-    default="runbooks",
-    show_default=True,
-    help="Base URL of the runbooks; findings link to <base>/<rule>.md.",
-)
-@click.option(
-    "--replica-label",
-    default="pod",
-    show_default=True,
-    help="Prometheus label naming the replica on vLLM series.",
-)
-@click.option(
-    "--gpu-replica-label",
-    default="pod",
-    show_default=True,
-    help="Prometheus label naming the replica on dcgm-exporter series.",
-)
+@generator_options
 @handle_errors
 def build(
     out_dir: str,

@@ -110,6 +110,26 @@ def test_decode_saturation_fires_when_tpot_follows_the_batch(store: Store, run: 
     assert "as the running batch grew 8 ->" in f["summary"]
 
 
+def test_decode_saturation_on_a_plateau_correlates_against_the_history_baseline(
+    store: Store, run: Run
+) -> None:
+    # The window holds only the saturated plateau (batch 150-200, TPOT wobbling with noise
+    # that does not follow it); the correlation must span the quiet history to see the
+    # range of batch sizes.
+    rate = after(INCIDENT, 2, 20)
+    batch = after(INCIDENT, 8, 180)
+    wobble = {0: 0.004, 1: -0.004, 2: 0.002, 3: -0.002}
+    store.append_fragments(
+        requests(
+            every_s=lambda t: 1 / rate(t),
+            tpot_s=lambda t: 0.015 + 0.0002 * batch(t) + wobble[int(t // 10) % 4],
+        )
+    )
+    store.append_engine_samples(engine(running=lambda t: batch(t) + 20 * (int(t // 10) % 2)))
+    f = one(run(since=INCIDENT), "decode_saturation")
+    assert f["evidence"]["rank_corr_tpot_running"] > 0.5
+
+
 def test_batch_growth_with_flat_arrivals_is_a_consequence_not_decode_saturation(
     store: Store, run: Run
 ) -> None:

@@ -10,6 +10,7 @@ scenario files say the same. ``R`` = must be reported, ``x`` = must not be repor
 | healthy                    |   x   |    x    |   x    | x  |    x     |   x    |  x   |    x     |  x  |   x    |  x   |  .  |
 | queue_saturation           |   R   |    x    |   x    | x  |    x     |   x    |  .   |    x     |  x  |   x    |  x   |  .  |
 | prefill_saturation         |   x   |    R    |   .    | x  |    x     |   x    |  .   |    x     |  x  |   x    |  x   |  .  |
+| decode_saturation          |   x   |    x    |   R    | x  |    x     |   x    |  .   |    x     |  x  |   x    |  x   |  .  |
 | kv_pressure                |   .   |    x    |   .    | R  |    x     |   x    |  .   |    x     |  x  |   x    |  x   |  .  |
 | frontend_bound             |   x   |    x    |   x    | x  |    R     |   x    |  .   |    x     |  x  |   x    |  x   |  .  |
 | prefix_affinity_loss       |   .   |    .    |   .    | x  |    x     |   R    |  .   |    x     |  x  |   x    |  x   |  .  |
@@ -19,10 +20,6 @@ scenario files say the same. ``R`` = must be reported, ``x`` = must not be repor
 | error_burst                |   x   |    x    |   x    | x  |    x     |   x    |  .   |    x     |  x  |   R    |  x   |  .  |
 | spec_decode_low_acceptance |   x   |    x    |   .    | x  |    x     |   x    |  .   |    x     |  x  |   x    |  R   |  .  |
 | telemetry_gap              |   x   |    x    |   x    | x  |    x     |   x    |  .   |    x     |  x  |   x    |  x   |  R  |
-
-decode_saturation has no simulator scenario: TPOT doubling from batch size alone needs
-hundreds of concurrent streams, more than the test machine's CPUs can stream; the rule is
-covered by the synthetic-store tests (test_rules.py).
 """
 
 from __future__ import annotations

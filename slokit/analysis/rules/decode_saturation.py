@@ -4,7 +4,7 @@ Decode is memory-bandwidth-bound: every step reads the weights once plus the KV 
 every running sequence, so a larger running batch makes each step (and each output token)
 slower. The rule fires when, after the baseline, TPOT p50 is ``tpot_factor`` times the
 baseline while the running batch is ``batch_factor`` times its baseline, and (with enough
-buckets) TPOT and batch size move together (rank correlation). The batch must have grown
+buckets, baseline included) TPOT and batch size move together (rank correlation). The batch must have grown
 because more requests arrived (Little's law: with flat arrivals a slowdown grows the batch,
 not the reverse), and not with prompts as much longer (prefill chunks in the decode steps
 then explain both); otherwise the rule stays quiet and says why in the coverage notes.
@@ -104,7 +104,9 @@ class DecodeSaturation:
                     "slowed, not the reverse",
                 )
                 continue
-            window = merged[ctx.in_window(merged) & (merged["n"] >= o.min_bucket_requests)]
+            # Baseline and window together: the correlation needs the range of batch sizes
+            # (within a saturated plateau both only wobble), so the quiet buckets count too.
+            window = merged[merged["n"] >= o.min_bucket_requests]
             corr = rank_corr(window["tpot_p50"], window["running_mean"])
             if corr is not None and corr < MIN_CORR:
                 continue

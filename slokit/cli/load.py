@@ -50,7 +50,14 @@ def _headers(pairs: tuple[str, ...]) -> dict[str, str]:
 
 
 @click.command("load")
-@click.option("--url", required=True, help="Server base URL, e.g. http://127.0.0.1:8000.")
+@click.option(
+    "--url",
+    "urls",
+    required=True,
+    multiple=True,
+    help="Server base URL, e.g. http://127.0.0.1:8000; repeat it to send round-robin to "
+    "several replicas (a cache-unaware gateway).",
+)
 @click.option("--rate", type=float, help="Open loop: requests per second.")
 @click.option("--users", type=int, help="Closed loop: concurrent users sending back-to-back.")
 @click.option("--duration", required=True, help="How long to send, e.g. 60, 60s, 5m.")
@@ -80,7 +87,7 @@ def _headers(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @handle_errors
 def command(
-    url: str,
+    urls: tuple[str, ...],
     rate: float | None,
     users: int | None,
     duration: str,
@@ -123,7 +130,8 @@ def command(
     if rates is not None:
         rate = rates[0]
     config = LoadConfig(
-        url=url,
+        url=urls[0],
+        more_urls=urls[1:],
         duration_s=_seconds(duration, "--duration"),
         rate=rate,
         users=users,

@@ -26,6 +26,9 @@ is the planned send time in the open loop and ``null`` in the closed loop. ``sta
 truncated stream; ``error_type`` says which), ``timeout`` or ``cancelled`` (the run was
 stopped).
 
+Several base URLs (``url`` and ``more_urls``) get the requests in strict round-robin order, as
+a cache-unaware gateway in front of several replicas would route them.
+
 The achieved rate is the number of requests sent over the scheduled duration, or over the
 time the last send actually took when that is longer: a generator that falls behind its
 schedule shows a lower rate, one that keeps it shows the target.
@@ -161,6 +164,8 @@ class LoadConfig:
     url: str
     duration_s: float
     rate: float | None = None
+    #: Further replicas: requests go round-robin over ``(url, *more_urls)``.
+    more_urls: tuple[str, ...] = ()
     users: int | None = None
     workload: Workload = field(default_factory=lambda: DEFAULT_WORKLOAD)
     arrival: Arrival = "poisson"
@@ -190,9 +195,10 @@ class LoadConfig:
             raise BadInput(f"--endpoint must be completions or chat, got {self.endpoint!r}")
         if self.arrival not in ("poisson", "constant"):
             raise BadInput(f"--arrival must be poisson or constant, got {self.arrival!r}")
-        parts = urlsplit(self.url)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise BadInput(f"--url must be an http(s) URL, got {self.url!r}")
+        for url in (self.url, *self.more_urls):
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                raise BadInput(f"--url must be an http(s) URL, got {url!r}")
 
 
 @dataclass(slots=True)
@@ -451,7 +457,7 @@ class _Runner:
         self.model = model
         self.tracer = tracer
         self.writer = writer
-        self.url = request_url(config.url, config.endpoint)
+        self.urls = [request_url(u, config.endpoint) for u in (config.url, *config.more_urls)]
         self.run_id = config.run_id or f"load-{secrets.token_hex(3)}"
         self.stats = _Stats()
         self.records: list[dict[str, Any]] = []
@@ -476,6 +482,7 @@ class _Runner:
 
     async def one(self, spec: RequestSpec, scheduled_ts: float | None) -> None:
         rid = self.next_id()
+        url = self.urls[(self._seq - 1) % len(self.urls)]
         send_ts = self.clock.now()
         span = self.tracer.start(self._span_name(), send_ts) if self.tracer else None
         if span is not None:
@@ -509,7 +516,7 @@ class _Runner:
         token_ts: list[float] = []
         try:
             async with asyncio.timeout(self.cfg.timeout_s):
-                await self._exchange(self.body(spec), headers, rec, token_ts)
+                await self._exchange(url, self.body(spec), headers, rec, token_ts)
         except TimeoutError:
             rec["status"], rec["error_type"] = "timeout", "timeout"
         except asyncio.CancelledError:
@@ -519,10 +526,11 @@ class _Runner:
             rec["status"], rec["error_type"] = "error", _exception_type(exc)
         finally:
             self.in_flight -= 1
-            self._complete(rec, token_ts, span)
+            self._complete(rec, token_ts, span, url)
 
     async def _exchange(
         self,
+        url: str,
         body: dict[str, Any],
         headers: dict[str, str],
         rec: dict[str, Any],
@@ -530,7 +538,7 @@ class _Runner:
     ) -> None:
         chat = self.cfg.endpoint == "chat"
         now = self.clock.now
-        async with self.session.post(self.url, json=body, headers=headers) as resp:
+        async with self.session.post(url, json=body, headers=headers) as resp:
             rec["http_status"] = resp.status
             if resp.status != 200:
                 raw = await resp.read()
@@ -562,7 +570,7 @@ class _Runner:
         op = "chat" if self.cfg.endpoint == "chat" else "text_completion"
         return f"{op} {self.model}"
 
-    def _complete(self, rec: dict[str, Any], token_ts: list[float], span: Any) -> None:
+    def _complete(self, rec: dict[str, Any], token_ts: list[float], span: Any, url: str) -> None:
         finish = self.clock.now()
         rec["finish_ts"] = finish
         rec["e2e_s"] = finish - rec["send_ts"]
@@ -583,7 +591,7 @@ class _Runner:
                 {
                     "http.request.method": "POST",
                     "http.response.status_code": rec["http_status"],
-                    "url.full": self.url,
+                    "url.full": url,
                     "gen_ai.operation.name": "chat"
                     if self.cfg.endpoint == "chat"
                     else "text_completion",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from load_fake_server import FakeVllm
+from load_fake_server import FakeVllm, serve_fake_vllm
 
 from slokit.cli import main
 from slokit.lab.load import RECORD_KEYS
@@ -48,6 +48,30 @@ def test_load_json_prints_a_machine_readable_summary(fake_vllm: FakeVllm) -> Non
     assert res.exit_code == 0, res.output
     summary = json.loads(res.output)
     assert summary["mode"] == "closed" and summary["ok"] == summary["sent"] > 0
+
+
+def test_a_repeated_url_sends_to_each_replica_in_turn(
+    fake_vllm: FakeVllm, vllm_fixtures: Path
+) -> None:
+    with serve_fake_vllm(vllm_fixtures) as second:
+        res = CliRunner().invoke(
+            main,
+            [
+                *("load", "--url", fake_vllm.url, "--url", second.url, "--arrival", "constant"),
+                *("--rate", "10", "--duration", "0.4s", "--no-progress"),
+            ],
+        )
+    assert res.exit_code == 0, res.output
+    assert (len(fake_vllm.received), len(second.received)) == (2, 2)
+
+
+def test_a_repeated_url_that_is_not_http_is_exit_2(fake_vllm: FakeVllm) -> None:
+    res = CliRunner().invoke(
+        main,
+        ["load", "--url", fake_vllm.url, "--url", "pod-b:8000", "--rate", "1", "--duration", "1"],
+    )
+    assert res.exit_code == 2
+    assert "'pod-b:8000'" in res.output
 
 
 def test_load_sweep_prints_one_row_per_rate(fake_vllm: FakeVllm, tmp_path: Path) -> None:

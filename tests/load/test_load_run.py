@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from load_fake_server import FakeVllm
+from load_fake_server import FakeVllm, serve_fake_vllm
 
 from slokit.lab.load import (
     RECORD_KEYS,
@@ -100,6 +100,25 @@ def test_every_request_carries_its_id_and_a_fresh_w3c_traceparent(fake_vllm: Fak
     by_id = {h["x-request-id"]: h["traceparent"] for h in sent}
     for rec in result.records:
         assert by_id[rec["request_id"]].split("-")[1] == rec["trace_id"]
+
+
+def _sequence_numbers(server: FakeVllm) -> list[int]:
+    return sorted(int(r["headers"]["x-request-id"].rsplit("-", 1)[1]) for r in server.received)
+
+
+def test_several_urls_get_the_requests_round_robin(
+    fake_vllm: FakeVllm, vllm_fixtures: Path
+) -> None:
+    with serve_fake_vllm(vllm_fixtures) as second:
+        result = _run(
+            _config(
+                fake_vllm, more_urls=(second.url,), arrival="constant", rate=10.0, duration_s=0.6
+            )
+        )
+    assert len(result.records) == 6
+    assert all(r["status"] == "ok" for r in result.records)
+    assert _sequence_numbers(fake_vllm) == [1, 3, 5]
+    assert _sequence_numbers(second) == [2, 4, 6]
 
 
 def test_extra_headers_are_sent(fake_vllm: FakeVllm) -> None:

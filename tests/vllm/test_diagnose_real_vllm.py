@@ -8,6 +8,8 @@ out; the healthy run must report nothing above info.
 
 - queue saturation: ``--max-num-seqs 2`` and a burst;
 - KV pressure: ``--num-gpu-blocks-override 12`` (1,408 usable tokens of KV) and long requests;
+- prefix-affinity loss: two servers with small KV pools; one serves a few shared prefixes,
+  then traffic (and the set of prefixes) grows and goes round-robin to both;
 - healthy: the smoke test's server under a light steady load.
 """
 
@@ -15,9 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,10 +28,10 @@ from typing import Any
 import httpx
 import pytest
 
-from slokit.analysis.diagnose import diagnose
+from slokit.analysis.diagnose import DiagnoseOptions, diagnose
 from slokit.lab.load import LoadConfig, run_load
 from slokit.lab.otlp_capture import OtlpHttpCapture
-from slokit.lab.vllm_server import VllmServer
+from slokit.lab.vllm_server import VllmServer, VllmServerConfig
 from slokit.lab.workload import parse_workload_yaml
 from slokit.records import EngineSample
 from slokit.sources.files import parse_load_jsonl
@@ -47,49 +50,70 @@ _SMOKE = dict(
 )
 
 
-def _workload(inp: int, out: int) -> Any:
-    return parse_workload_yaml(
-        "workload: v1\nclasses:\n"
-        f"  - {{name: w, weight: 1, slo_class: interactive, input: {inp}, output: {out}}}\n"
-    )
-
-
 @dataclass(frozen=True)
 class Phase:
     duration_s: float
     rate: float
-    inp: int
+    inp: int  # words (the tiny model's tokenizer makes about 2.9 tokens of each)
     out: int
+    pods: tuple[str, ...] = (POD,)  # several: round-robin, as a cache-unaware gateway
+    prefixes: int = 0  # > 0: every prompt starts with one of this many shared prefixes
+    prefix_len: int = 0
 
 
-async def _scrape(server: VllmServer, stop: asyncio.Event, out: list[EngineSample]) -> None:
+def _workload(p: Phase) -> Any:
+    shared = (
+        f", shared_prefix: {{fraction: 1.0, length: {p.prefix_len}, count: {p.prefixes}}}"
+        if p.prefixes
+        else ""
+    )
+    return parse_workload_yaml(
+        "workload: v1\nclasses:\n"
+        f"  - {{name: w, weight: 1, slo_class: interactive, input: {p.inp}, output: {p.out}"
+        f"{shared}}}\n"
+    )
+
+
+async def _scrape(
+    servers: dict[str, VllmServer], stop: asyncio.Event, out: list[EngineSample]
+) -> None:
     async with httpx.AsyncClient(timeout=2.0) as http:
         while not stop.is_set():
             ts = time.time()
-            try:
-                text = (await http.get(server.base_url + "/metrics")).text
-                out.extend(parse_vllm_metrics(text, ts=ts, replica=POD))
-            except httpx.HTTPError:
-                pass
+            for pod, server in servers.items():
+                try:
+                    text = (await http.get(server.base_url + "/metrics")).text
+                    out.extend(parse_vllm_metrics(text, ts=ts, replica=pod))
+                except httpx.HTTPError:
+                    pass
             await asyncio.sleep(max(0.0, 1.0 - (time.time() - ts)))
 
 
+@dataclass
+class Driven:
+    samples: list[EngineSample]
+    files: list[Path]
+    phase_starts: list[float]
+
+
 async def _drive(
-    server: VllmServer, phases: list[Phase], run: str, tmp: Path
-) -> tuple[list[EngineSample], list[Path]]:
-    samples: list[EngineSample] = []
+    servers: dict[str, VllmServer], phases: list[Phase], run: str, tmp: Path
+) -> Driven:
+    driven = Driven([], [], [])
     stop = asyncio.Event()
-    scraper = asyncio.create_task(_scrape(server, stop, samples))
-    files = []
+    scraper = asyncio.create_task(_scrape(servers, stop, driven.samples))
     await asyncio.sleep(3.0)
     for i, p in enumerate(phases):
         out = tmp / f"{run}-{i}.jsonl"
+        driven.phase_starts.append(time.time())
+        urls = [servers[pod].base_url for pod in p.pods]
         await run_load(
             LoadConfig(
-                url=server.base_url,
+                url=urls[0],
+                more_urls=tuple(urls[1:]),
                 duration_s=p.duration_s,
                 rate=p.rate,
-                workload=_workload(p.inp, p.out),
+                workload=_workload(p),
                 seed=i,
                 model="tiny",
                 run_id=f"{run}p{i}",
@@ -98,22 +122,31 @@ async def _drive(
                 timeout_s=120.0,
             )
         )
-        files.append(out)
+        driven.files.append(out)
     await asyncio.sleep(3.0)
     stop.set()
     await scraper
-    return samples, files
+    return driven
 
 
 def _diagnose_run(
-    server: VllmServer, capture: OtlpHttpCapture, phases: list[Phase], tmp: Path
+    server: VllmServer | dict[str, VllmServer],
+    capture: OtlpHttpCapture,
+    phases: list[Phase],
+    tmp: Path,
+    *,
+    since_phase: int | None = None,
+    baseline_s: float | None = None,
 ) -> dict[str, Any]:
+    """Drive the phases, store what a sidecar would, and diagnose: the whole run, or from
+    the start of phase ``since_phase`` with ``baseline_s`` of history as the baseline."""
+    servers = server if isinstance(server, dict) else {POD: server}
     run = "d" + uuid.uuid4().hex[:6]
     before = len(capture.snapshot())
-    samples, files = asyncio.run(_drive(server, phases, run, tmp))
+    driven = asyncio.run(_drive(servers, phases, run, tmp))
     time.sleep(1.0)  # the span exporter's last batch (200 ms schedule delay)
     with open_store(":memory:") as store:
-        for f in files:
+        for f in driven.files:
             store.append_fragments(parse_load_jsonl(f.read_bytes(), name=str(f)))
         for post in capture.snapshot()[before:]:
             frags = [
@@ -122,8 +155,11 @@ def _diagnose_run(
                 if fr.request_id.startswith(run)
             ]
             store.append_fragments(frags)
-        store.append_engine_samples(samples)
-        return diagnose(store.con)
+        store.append_engine_samples(driven.samples)
+        if since_phase is None:
+            return diagnose(store.con)
+        options = DiagnoseOptions(baseline_lookback_s=baseline_s or 3600.0)
+        return diagnose(store.con, since=driven.phase_starts[since_phase], options=options)
 
 
 def _rules(doc: dict[str, Any], min_severity: str = "warning") -> set[str]:
@@ -173,3 +209,85 @@ def test_long_requests_in_a_small_kv_pool_are_kv_pressure(
     found = _rules(doc, "info")
     assert "kv_pressure" in found, json.dumps(doc, indent=1)[:4000]
     assert not found & {"error_burst", "gpu_xid", "prefix_affinity_loss"}
+
+
+@pytest.fixture(scope="module")
+def two_small_kv_servers(
+    tiny_model_dir: Path, capture: OtlpHttpCapture, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, VllmServer]]:
+    """pod-a and pod-b, each with 40 KV blocks of 128 tokens (started together, stopped
+    after this module so that their memory is not held for the rest of the session)."""
+    logs = tmp_path_factory.mktemp("vllm-prefix")
+    servers = {
+        pod: VllmServer(
+            VllmServerConfig(
+                model_dir=tiny_model_dir,
+                max_num_seqs=16,
+                num_gpu_blocks_override=40,
+                max_model_len=1024,
+                otlp_traces_endpoint=capture.endpoint,
+                otlp_protocol="http/protobuf",
+                otel_service_name="vllm-prefix",
+                otel_resource_attributes=(("k8s.pod.name", pod),),
+                otel_bsp_schedule_delay_ms=200,
+                extra_args=("--enable-prefix-caching",),
+            ),
+            log_path=logs / f"{pod}.log",
+        )
+        for pod in ("pod-a", "pod-b")
+    }
+    errors: list[BaseException] = []
+
+    def start(server: VllmServer) -> None:
+        try:
+            server.start()
+        except BaseException as exc:  # re-raised below, in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start, args=(s,)) for s in servers.values()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        if errors:
+            raise errors[0]
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+def test_scale_out_with_round_robin_routing_is_prefix_affinity_loss(
+    two_small_kv_servers: dict[str, VllmServer], capture: OtlpHttpCapture, tmp_path: Path
+) -> None:
+    # pod-a alone serves 6 shared prefixes (~570 tokens, 4 full blocks each: 24 blocks, its
+    # pool holds them). Then traffic doubles with 20 prefixes and a cache-unaware gateway
+    # sends it round-robin to pod-a and a new pod-b: each replica now sees all 20 (80
+    # blocks) in a 40-block pool, so LRU evicts prefixes before they come back. With
+    # prefix-aware routing each would hold its 10.
+    doc = _diagnose_run(
+        two_small_kv_servers,
+        capture,
+        [
+            Phase(60, 2.0, 240, 16, prefixes=6, prefix_len=200),
+            Phase(45, 4.0, 240, 16, pods=("pod-a", "pod-b"), prefixes=20, prefix_len=200),
+        ],
+        tmp_path,
+        since_phase=1,
+        baseline_s=40,  # the warm part of the first phase, as on-call would pick it
+    )
+    found = _rules(doc, "info")
+    assert "prefix_affinity_loss" in found, json.dumps(doc, indent=1)[:4000]
+    f = next(f for f in doc["findings"] if f["rule"] == "prefix_affinity_loss")
+    ev = f["evidence"]
+    assert (ev["replicas_baseline"], ev["replicas_after"], ev["scale_out"]) == (1, 2, True)
+    assert ev["hit_ratio_after"] < 0.7 * ev["hit_ratio_baseline"]
+    assert not found & {
+        "kv_pressure",
+        "frontend_bound",
+        "gpu_throttle",
+        "gpu_xid",
+        "error_burst",
+        "spec_decode_low_acceptance",
+    }

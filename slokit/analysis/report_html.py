@@ -103,7 +103,7 @@ def engine_series(
 
 
 def stored_findings(con: Any, since: float | None, until: float | None) -> list[dict[str, Any]]:
-    """Findings overlapping the window, newest first."""
+    """Findings overlapping the window: the most severe first, then the newest."""
     where, params = [], []
     if since is not None:
         where.append("end_ts >= to_timestamp(?)")
@@ -117,7 +117,11 @@ def stored_findings(con: Any, since: float | None, until: float | None) -> list[
     )
     if where:
         sql += " WHERE " + " AND ".join(where)
-    rows = con.execute(sql + " ORDER BY start_ts DESC LIMIT 200", params).fetchall()
+    order = (
+        " ORDER BY CASE severity WHEN 'critical' THEN 0 WHEN 'warning' THEN 1 ELSE 2 END,"
+        " start_ts DESC LIMIT 200"
+    )
+    rows = con.execute(sql + order, params).fetchall()
     keys = ("rule", "severity", "confidence", "replica", "start", "end", "summary", "runbook")
     return [dict(zip(keys, row, strict=True)) for row in rows]
 

@@ -120,6 +120,25 @@ def test_the_page_shows_attainment_cost_and_escaped_findings(
     assert "Max goodput" in page and "4.00 req/s" in page  # the 8 req/s step misses
 
 
+def test_findings_are_listed_most_severe_first(tmp_path: Path) -> None:
+    from slokit.analysis.report_html import stored_findings
+
+    with open_store(tmp_path / "f.duckdb") as store:
+        store.append_findings([
+            Finding("telemetry_gap", "info", 0.9, None, 30.0, 50.0, "no GPU", {}, "runbooks/telemetry_gap.md"),
+            Finding("queue_saturation", "warning", 0.8, "r0", 20.0, 50.0, "q", {}, "runbooks/queue_saturation.md"),
+            Finding("kv_pressure", "critical", 0.9, "r1", 10.0, 50.0, "kv", {}, "runbooks/kv_pressure.md"),
+            Finding("error_burst", "warning", 0.7, "r0", 40.0, 50.0, "e", {}, "runbooks/error_burst.md"),
+        ])  # fmt: skip
+        found = stored_findings(store.con, None, None)
+    assert [f["rule"] for f in found] == [
+        "kv_pressure",
+        "error_burst",  # the newer warning first
+        "queue_saturation",
+        "telemetry_gap",
+    ]
+
+
 def _chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 

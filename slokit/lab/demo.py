@@ -35,6 +35,8 @@ from slokit.errors import SlokitError
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SLO = REPO_ROOT / "examples" / "slo" / "chat.yaml"
 DEFAULT_WORKLOAD = REPO_ROOT / "examples" / "workloads" / "chat_mix.yaml"
+#: The same mix in the tiny CPU model's tokens (its tokenizer makes ~2.9 tokens of a word).
+TINY_WORKLOAD = REPO_ROOT / "examples" / "workloads" / "chat_mix_tiny.yaml"
 
 Echo = Callable[[str], None]
 
@@ -259,6 +261,10 @@ def _start_engines(
                     VllmServerConfig(
                         model_dir=model_dir,
                         max_num_seqs=2,
+                        # The tiny model's own limit; its workload (chat_mix_tiny.yaml)
+                        # stays below ~1,800 tokens a request, so 64 blocks of 128 hold
+                        # both sequences (no KV pressure in this demo).
+                        max_model_len=4096,
                         num_gpu_blocks_override=64,
                         otlp_traces_endpoint=otlp,
                         otlp_protocol="http/protobuf",
@@ -286,8 +292,10 @@ def run_demo(cfg: DemoConfig, echo: Echo = print) -> int:
         cfg = DemoConfig(
             **{
                 **cfg.__dict__,
+                "workload": TINY_WORKLOAD if cfg.workload == DEFAULT_WORKLOAD else cfg.workload,
+                # A baseline of at least 30 s: diagnose's shortest (3 buckets of 10 s).
                 "phases": (
-                    Phase("baseline", 20.0, (1.0, 1.0)),
+                    Phase("baseline", 35.0, (1.0, 1.0)),
                     Phase("incident", 25.0, (12.0, 1.0)),
                 ),
             }

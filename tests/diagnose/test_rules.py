@@ -72,6 +72,14 @@ def test_queue_saturation_near_miss_ttft_below_factor_is_quiet(store: Store, run
     assert "queue_saturation" in rules(run(options=DiagnoseOptions(ttft_factor=2.0)))
 
 
+def test_a_baseline_of_failed_requests_says_it_has_no_ttft(store: Store, run: Run) -> None:
+    healthy(store)
+    store.append_fragments(requests(None, prefix="x", error_every=1, spans=False))
+    notes = run()["coverage"]["rules"]["queue_saturation"]["notes"]
+    assert any(n.startswith("fleet: none of the baseline's") for n in notes), notes
+    assert not any("< 20" in n for n in notes), notes
+
+
 def test_ttft_rise_with_tpot_rise_is_not_queue_saturation(store: Store, run: Run) -> None:
     store.append_fragments(
         requests(queue_s=after(INCIDENT, 0.02, 1.5), tpot_s=after(INCIDENT, 0.02, 0.06))

@@ -94,12 +94,13 @@ def _compute(ctx: DiagnoseContext) -> list[TtftIncrease]:
         rows = ctx.of("requests", replica)
         base = ctx.baseline_summary(replica)
         if (base["n"] or 0) < o.min_requests or num(base["ttft_p95"]) is None:
+            why = (
+                f"baseline has {base['n'] or 0} requests (< {o.min_requests})"
+                if (base["n"] or 0) < o.min_requests
+                else f"none of the baseline's {base['n']} requests has a TTFT"
+            )
             for rule in ("queue_saturation", "prefill_saturation", "frontend_bound"):
-                ctx.note(
-                    rule,
-                    f"{replica or 'fleet'}: baseline has {base['n']} requests "
-                    f"(< {o.min_requests}); TTFT not compared",
-                )
+                ctx.note(rule, f"{replica or 'fleet'}: {why}; TTFT not compared")
             continue
         detect = rows[ctx.is_detect(rows)]
         limit = o.ttft_factor * float(base["ttft_p95"])

@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,19 +59,58 @@ class Phase:
     pods: tuple[str, ...] = (POD,)  # several: round-robin, as a cache-unaware gateway
     prefixes: int = 0  # > 0: every prompt starts with one of this many shared prefixes
     prefix_len: int = 0
+    # With several pods: route by prefix instead (each pod gets its own share of the
+    # prefixes, at its share of the rate), as a prefix-aware gateway would.
+    prefix_aware: bool = False
 
 
-def _workload(p: Phase) -> Any:
+def _workload(p: Phase, *, name: str = "w", prefixes: int | None = None) -> Any:
+    count = p.prefixes if prefixes is None else prefixes
     shared = (
-        f", shared_prefix: {{fraction: 1.0, length: {p.prefix_len}, count: {p.prefixes}}}"
-        if p.prefixes
+        f", shared_prefix: {{fraction: 1.0, length: {p.prefix_len}, count: {count}}}"
+        if count
         else ""
     )
     return parse_workload_yaml(
         "workload: v1\nclasses:\n"
-        f"  - {{name: w, weight: 1, slo_class: interactive, input: {p.inp}, output: {p.out}"
-        f"{shared}}}\n"
+        f"  - {{name: {name}, weight: 1, slo_class: interactive, input: {p.inp}, "
+        f"output: {p.out}{shared}}}\n"
     )
+
+
+def _loads(p: Phase, servers: dict[str, VllmServer], i: int, run: str, tmp: Path) -> list[Any]:
+    """The load runs of one phase: one (round-robin over its pods), or one per pod."""
+    urls = [servers[pod].base_url for pod in p.pods]
+
+    def config(tag: str, urls: list[str], rate: float, workload: Any) -> LoadConfig:
+        return LoadConfig(
+            url=urls[0],
+            more_urls=tuple(urls[1:]),
+            duration_s=p.duration_s,
+            rate=rate,
+            workload=workload,
+            seed=i,
+            model="tiny",
+            run_id=f"{run}p{tag}",
+            out=tmp / f"{run}-{tag}.jsonl",
+            keep_records=False,
+            timeout_s=120.0,
+        )
+
+    if not p.prefix_aware:
+        return [config(str(i), urls, p.rate, _workload(p))]
+    # The prefixes of class "w" (those the first pod already served) stay on the first pod;
+    # the other pods get prefixes of their own.
+    share = p.prefixes // len(urls)
+    return [
+        config(
+            f"{i}s{j}",
+            [url],
+            p.rate / len(urls),
+            _workload(p, name="w" if j == 0 else f"w{j}", prefixes=share),
+        )
+        for j, url in enumerate(urls)
+    ]
 
 
 async def _scrape(
@@ -104,25 +143,10 @@ async def _drive(
     scraper = asyncio.create_task(_scrape(servers, stop, driven.samples))
     await asyncio.sleep(3.0)
     for i, p in enumerate(phases):
-        out = tmp / f"{run}-{i}.jsonl"
         driven.phase_starts.append(time.time())
-        urls = [servers[pod].base_url for pod in p.pods]
-        await run_load(
-            LoadConfig(
-                url=urls[0],
-                more_urls=tuple(urls[1:]),
-                duration_s=p.duration_s,
-                rate=p.rate,
-                workload=_workload(p),
-                seed=i,
-                model="tiny",
-                run_id=f"{run}p{i}",
-                out=out,
-                keep_records=False,
-                timeout_s=120.0,
-            )
-        )
-        driven.files.append(out)
+        configs = _loads(p, servers, i, run, tmp)
+        await asyncio.gather(*(run_load(c) for c in configs))
+        driven.files.extend(c.out for c in configs if c.out is not None)
     await asyncio.sleep(3.0)
     stop.set()
     await scraper
@@ -211,13 +235,13 @@ def test_long_requests_in_a_small_kv_pool_are_kv_pressure(
     assert not found & {"error_burst", "gpu_xid", "prefix_affinity_loss"}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def two_small_kv_servers(
-    tiny_model_dir: Path, capture: OtlpHttpCapture, tmp_path_factory: pytest.TempPathFactory
+    tiny_model_dir: Path, capture: OtlpHttpCapture, tmp_path: Path
 ) -> Iterator[dict[str, VllmServer]]:
-    """pod-a and pod-b, each with 40 KV blocks of 128 tokens (started together, stopped
-    after this module so that their memory is not held for the rest of the session)."""
-    logs = tmp_path_factory.mktemp("vllm-prefix")
+    """pod-a and pod-b, each with 40 KV blocks of 128 tokens and a cold prefix cache
+    (started together for each test, stopped after it so that no memory is held for the
+    rest of the session)."""
     servers = {
         pod: VllmServer(
             VllmServerConfig(
@@ -232,7 +256,7 @@ def two_small_kv_servers(
                 otel_bsp_schedule_delay_ms=200,
                 extra_args=("--enable-prefix-caching",),
             ),
-            log_path=logs / f"{pod}.log",
+            log_path=tmp_path / f"{pod}.log",
         )
         for pod in ("pod-a", "pod-b")
     }
@@ -258,21 +282,30 @@ def two_small_kv_servers(
             server.stop()
 
 
+#: pod-a alone serves 6 shared prefixes (~570 tokens, 4 full blocks each: 24 blocks; its
+#: 40-block pool holds them) at 2 req/s. Then traffic doubles with 16 prefixes and pod-b
+#: joins; the two tests differ only in how the gateway routes the second phase.
+_WARM = Phase(60, 2.0, 240, 16, prefixes=6, prefix_len=200)
+_SCALED = Phase(45, 4.0, 240, 16, pods=("pod-a", "pod-b"), prefixes=16, prefix_len=200)
+_RULED_OUT = {
+    "kv_pressure",
+    "frontend_bound",
+    "gpu_throttle",
+    "gpu_xid",
+    "error_burst",
+    "spec_decode_low_acceptance",
+}
+
+
 def test_scale_out_with_round_robin_routing_is_prefix_affinity_loss(
     two_small_kv_servers: dict[str, VllmServer], capture: OtlpHttpCapture, tmp_path: Path
 ) -> None:
-    # pod-a alone serves 6 shared prefixes (~570 tokens, 4 full blocks each: 24 blocks, its
-    # pool holds them). Then traffic doubles with 20 prefixes and a cache-unaware gateway
-    # sends it round-robin to pod-a and a new pod-b: each replica now sees all 20 (80
-    # blocks) in a 40-block pool, so LRU evicts prefixes before they come back. With
-    # prefix-aware routing each would hold its 10.
+    # Round-robin: each replica sees all 16 prefixes (64 blocks) in its 40-block pool, so
+    # LRU evicts prefixes before they come back.
     doc = _diagnose_run(
         two_small_kv_servers,
         capture,
-        [
-            Phase(60, 2.0, 240, 16, prefixes=6, prefix_len=200),
-            Phase(45, 4.0, 240, 16, pods=("pod-a", "pod-b"), prefixes=20, prefix_len=200),
-        ],
+        [_WARM, _SCALED],
         tmp_path,
         since_phase=1,
         baseline_s=40,  # the warm part of the first phase, as on-call would pick it
@@ -283,11 +316,18 @@ def test_scale_out_with_round_robin_routing_is_prefix_affinity_loss(
     ev = f["evidence"]
     assert (ev["replicas_baseline"], ev["replicas_after"], ev["scale_out"]) == (1, 2, True)
     assert ev["hit_ratio_after"] < 0.7 * ev["hit_ratio_baseline"]
-    assert not found & {
-        "kv_pressure",
-        "frontend_bound",
-        "gpu_throttle",
-        "gpu_xid",
-        "error_burst",
-        "spec_decode_low_acceptance",
-    }
+    assert not found & _RULED_OUT
+
+
+def test_scale_out_with_prefix_aware_routing_keeps_the_hit_ratio(
+    two_small_kv_servers: dict[str, VllmServer], capture: OtlpHttpCapture, tmp_path: Path
+) -> None:
+    # The same scale-out and the same 16 prefixes, routed by prefix: each replica holds its
+    # 8 (32 blocks), and the fleet hit ratio stays near its baseline.
+    scaled = replace(_SCALED, prefix_aware=True)
+    doc = _diagnose_run(
+        two_small_kv_servers, capture, [_WARM, scaled], tmp_path, since_phase=1, baseline_s=40
+    )
+    found = _rules(doc, "info")
+    assert "prefix_affinity_loss" not in found, json.dumps(doc["findings"], indent=1)
+    assert not found & _RULED_OUT

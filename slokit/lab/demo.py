@@ -247,33 +247,42 @@ def _start_engines(
         return urls, vllm_args, dcgm_args
     if cfg.engine == "vllm":
         from slokit.lab.tiny_model import build_with_interpreter
-        from slokit.lab.vllm_server import VllmServer, VllmServerConfig, vllm_available, vllm_python
+        from slokit.lab.vllm_server import (
+            VllmServer,
+            VllmServerConfig,
+            start_together,
+            vllm_available,
+            vllm_python,
+        )
 
         if not vllm_available():
             raise SlokitError("real vLLM is not installed: run `make vllm-env` first")
         model_dir = REPO_ROOT / ".cache" / "tiny-model"
         build_with_interpreter(model_dir, vllm_python())
-        urls, vllm_args = [], []
-        for i in range(2):
-            pod = f"vllm-{i}"
-            server = stack.enter_context(
-                VllmServer(
-                    VllmServerConfig(
-                        model_dir=model_dir,
-                        max_num_seqs=2,
-                        # The tiny model's own limit; its workload (chat_mix_tiny.yaml)
-                        # stays below ~1,800 tokens a request, so 64 blocks of 128 hold
-                        # both sequences (no KV pressure in this demo).
-                        max_model_len=4096,
-                        num_gpu_blocks_override=64,
-                        otlp_traces_endpoint=otlp,
-                        otlp_protocol="http/protobuf",
-                        otel_resource_attributes=(("k8s.pod.name", pod),),
-                        otel_bsp_schedule_delay_ms=500,
-                    ),
-                    log_path=logs / f"{pod}.log",
-                )
+        servers = {
+            pod: VllmServer(
+                VllmServerConfig(
+                    model_dir=model_dir,
+                    max_num_seqs=2,
+                    # The tiny model's own limit; its workload (chat_mix_tiny.yaml) stays
+                    # below ~1,800 tokens a request, so 64 blocks of 128 hold both
+                    # sequences (no KV pressure in this demo).
+                    max_model_len=4096,
+                    num_gpu_blocks_override=64,
+                    otlp_traces_endpoint=otlp,
+                    otlp_protocol="http/protobuf",
+                    otel_resource_attributes=(("k8s.pod.name", pod),),
+                    otel_bsp_schedule_delay_ms=500,
+                ),
+                log_path=logs / f"{pod}.log",
             )
+            for pod in ("vllm-0", "vllm-1")
+        }
+        for server in servers.values():
+            stack.callback(server.stop)
+        start_together(list(servers.values()))
+        urls, vllm_args = [], []
+        for pod, server in servers.items():
             echo(f"   real vLLM {pod} on {server.base_url}")
             urls.append(server.base_url)
             vllm_args.append(f"{pod}={server.base_url}/metrics")

@@ -26,7 +26,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -320,6 +321,18 @@ class VllmServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def start_together(servers: Sequence[VllmServer]) -> None:
+    """Start several servers at once, each in a thread of its own (a start mostly waits for
+    the model to load). If any fails, stop those that started and raise the first error."""
+    with ThreadPoolExecutor(max_workers=max(1, len(servers))) as pool:
+        futures = [pool.submit(server.start) for server in servers]
+    errors = [exc for exc in (f.exception() for f in futures) if exc is not None]
+    if errors:
+        for server in servers:
+            server.stop()
+        raise errors[0]
 
 
 class VllmServerPool:

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from slokit.lab.load import LoadConfig, run_load
-from slokit.lab.vllm_server import VllmServer, VllmServerConfig, free_port
+from slokit.lab.vllm_server import VllmServer, VllmServerConfig, free_port, start_together
 from slokit.lab.workload import parse_workload_yaml
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -75,7 +75,8 @@ def lab(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
                     otel_bsp_schedule_delay_ms=200,
                 ),
                 log_path=tmp / f"{pod}.log",
-            ).start()
+            )
+        start_together(list(servers.values()))
         cfg = tmp / "sidecar.yaml"
         cfg.write_text(yaml.safe_dump({"sli_grace_s": 2.0, "sli_interval_s": 1.0}))
         db = tmp / "slokit.duckdb"

@@ -20,6 +20,7 @@ from slokit.lab.vllm_server import (
     process_tree_rss_bytes,
     server_command,
     server_env,
+    start_together,
     vllm_available,
     vllm_python,
 )
@@ -173,6 +174,50 @@ def test_pool_remembers_a_failed_configuration_instead_of_starting_it_again(
         pool.get(VllmServerConfig(MODEL, max_num_seqs=2))
     assert second.value is first.value
     assert made == [config]
+
+
+_HEALTHY = """exec python3 - "$@" <<'EOF'
+import http.server, sys
+port = int(sys.argv[sys.argv.index("--port") + 1])
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+EOF"""
+
+
+def test_start_together_starts_every_server(tmp_path: Path) -> None:
+    python = _fake_interpreter(tmp_path, _HEALTHY)
+    servers = [
+        VllmServer(VllmServerConfig(MODEL), python=python, log_path=tmp_path / f"{i}.log")
+        for i in range(2)
+    ]
+    try:
+        start_together(servers)
+        assert all(s.pid is not None for s in servers)
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def test_start_together_stops_the_started_ones_when_one_fails(tmp_path: Path) -> None:
+    (tmp_path / "ok").mkdir()
+    (tmp_path / "bad").mkdir()
+    healthy = VllmServer(
+        VllmServerConfig(MODEL),
+        python=_fake_interpreter(tmp_path / "ok", _HEALTHY),
+        log_path=tmp_path / "ok.log",
+    )
+    failing = VllmServer(
+        VllmServerConfig(MODEL),
+        python=_fake_interpreter(tmp_path / "bad", "exit 3"),
+        log_path=tmp_path / "bad.log",
+    )
+    with pytest.raises(VllmStartError, match="exited with code 3"):
+        start_together([healthy, failing])
+    assert healthy.pid is None and failing.pid is None
 
 
 def test_configurations_that_differ_are_different_pool_keys() -> None:

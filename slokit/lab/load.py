@@ -457,7 +457,9 @@ class _Runner:
         self.model = model
         self.tracer = tracer
         self.writer = writer
-        self.urls = [request_url(u, config.endpoint) for u in (config.url, *config.more_urls)]
+        self._urls = itertools.cycle(
+            [request_url(u, config.endpoint) for u in (config.url, *config.more_urls)]
+        )
         self.run_id = config.run_id or f"load-{secrets.token_hex(3)}"
         self.stats = _Stats()
         self.records: list[dict[str, Any]] = []
@@ -482,7 +484,7 @@ class _Runner:
 
     async def one(self, spec: RequestSpec, scheduled_ts: float | None) -> None:
         rid = self.next_id()
-        url = self.urls[(self._seq - 1) % len(self.urls)]
+        url = next(self._urls)
         send_ts = self.clock.now()
         span = self.tracer.start(self._span_name(), send_ts) if self.tracer else None
         if span is not None:

@@ -93,11 +93,12 @@ def _compute(ctx: DiagnoseContext) -> list[TtftIncrease]:
     for replica in sorted(reqs["replica"].unique()):
         rows = ctx.of("requests", replica)
         base = ctx.baseline_summary(replica)
-        if (base["n"] or 0) < o.min_requests or num(base["ttft_p95"]) is None:
+        n = base["n"] or 0
+        if n < o.min_requests or num(base["ttft_p95"]) is None:
             why = (
-                f"baseline has {base['n'] or 0} requests (< {o.min_requests})"
-                if (base["n"] or 0) < o.min_requests
-                else f"none of the baseline's {base['n']} requests has a TTFT"
+                f"baseline has {n} requests (< {o.min_requests})"
+                if n < o.min_requests
+                else f"none of the baseline's {n} requests has a TTFT"
             )
             for rule in ("queue_saturation", "prefill_saturation", "frontend_bound"):
                 ctx.note(rule, f"{replica or 'fleet'}: {why}; TTFT not compared")

@@ -4,10 +4,11 @@ Decode is memory-bandwidth-bound: every step reads the weights once plus the KV 
 every running sequence, so a larger running batch makes each step (and each output token)
 slower. The rule fires when, after the baseline, TPOT p50 is ``tpot_factor`` times the
 baseline while the running batch is ``batch_factor`` times its baseline, and (with enough
-buckets, baseline included) TPOT and batch size move together (rank correlation). The batch must have grown
-because more requests arrived (Little's law: with flat arrivals a slowdown grows the batch,
-not the reverse), and not with prompts as much longer (prefill chunks in the decode steps
-then explain both); otherwise the rule stays quiet and says why in the coverage notes.
+buckets, baseline included) TPOT and batch size move together (rank correlation). The
+batch must have grown because more requests arrived (Little's law: with flat arrivals a
+slowdown grows the batch, not the reverse), and not with prompts as much longer (prefill
+chunks in the decode steps then explain both); otherwise the rule stays quiet and says why
+in the coverage notes.
 """
 
 from __future__ import annotations

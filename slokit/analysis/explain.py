@@ -231,7 +231,7 @@ def explain_request(
     spec: SloSpec | None = None,
     options: ExplainOptions | None = None,
 ) -> dict[str, Any]:
-    """The explain document for one request (schema in DESIGN.md). Raises NotFound."""
+    """The explain document for one request (docs/schema/explain.schema.json). Raises NotFound."""
     opt = options or ExplainOptions()
     rec = q.get_request(con, request_id)
     if rec is None:
@@ -358,7 +358,11 @@ def explain_request(
     findings = []
     if arrival is not None:
         findings = [
-            {**f, "start": iso(f.pop("start_ts")), "end": iso(f.pop("end_ts"))}
+            {
+                **{k: v for k, v in f.items() if k not in ("start_ts", "end_ts")},
+                "start": iso(f["start_ts"]),
+                "end": iso(f["end_ts"]),
+            }
             for f in q.findings_overlapping(con, replica, arrival, finish)
         ]
     dominant = _dominant(comps, preempted)

@@ -30,13 +30,15 @@ from typing import Any
 
 import httpx
 
+from slokit.data import data_path
 from slokit.errors import SlokitError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_SLO = REPO_ROOT / "examples" / "slo" / "chat.yaml"
-DEFAULT_WORKLOAD = REPO_ROOT / "examples" / "workloads" / "chat_mix.yaml"
+# Package data (slokit/data, copies of examples/slo/chat.yaml and examples/workloads/), so the
+# demo runs from an installed wheel as well as from a checkout.
+DEFAULT_SLO = data_path("slo/chat.yaml")
+DEFAULT_WORKLOAD = data_path("workloads/chat_mix.yaml")
 #: The same mix in the tiny CPU model's tokens (its tokenizer makes ~2.9 tokens of a word).
-TINY_WORKLOAD = REPO_ROOT / "examples" / "workloads" / "chat_mix_tiny.yaml"
+TINY_WORKLOAD = data_path("workloads/chat_mix_tiny.yaml")
 
 Echo = Callable[[str], None]
 
@@ -246,7 +248,7 @@ def _start_engines(
         dcgm_args = [f"http://127.0.0.1:{dcgm + i}/metrics" for i in range(2)]
         return urls, vllm_args, dcgm_args
     if cfg.engine == "vllm":
-        from slokit.lab.tiny_model import build_with_interpreter
+        from slokit.lab.tiny_model import build_with_interpreter, default_model_dir
         from slokit.lab.vllm_server import (
             VllmServer,
             VllmServerConfig,
@@ -257,7 +259,7 @@ def _start_engines(
 
         if not vllm_available():
             raise SlokitError("real vLLM is not installed: run `make vllm-env` first")
-        model_dir = REPO_ROOT / ".cache" / "tiny-model"
+        model_dir = default_model_dir()
         build_with_interpreter(model_dir, vllm_python())
         servers = {
             pod: VllmServer(
@@ -363,7 +365,7 @@ def run_demo(cfg: DemoConfig, echo: Echo = print) -> int:
     echo("")
     echo(f"records:    {db}  (slokit explain ID --db {db})")
     echo(f"report:     {report}")
-    echo(f"dashboards: {REPO_ROOT / 'dashboards'}  (Grafana JSON; import them, see README)")
-    echo(f"alerts:     {REPO_ROOT / 'alerts'}  (Prometheus rules; promtool check rules)")
+    echo(f"dashboards: slokit dashboards build --slo {cfg.slo} --out DIR  (Grafana JSON)")
+    echo(f"alerts:     slokit alerts build --slo {cfg.slo} --out DIR  (Prometheus rules)")
     echo(f"demo took {time.monotonic() - t0:.0f} s")
     return 0 if rc == 0 else 1

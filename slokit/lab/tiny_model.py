@@ -10,7 +10,9 @@ not in slokit's own dependencies)::
 
     .venv-vllm/bin/python -m slokit.lab.tiny_model OUT_DIR
 
-A directory that already holds a build of the same spec is left alone.
+A directory that already holds a build of the same spec is left alone. Callers that do not
+name a directory (``slokit demo --engine vllm``) use :func:`default_model_dir`, in the user's
+cache: ``$SLOKIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/slokit``, else ``~/.cache/slokit``.
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 BUILDER_VERSION = 1
 STAMP_NAME = ".slokit-tiny-model.json"
+CACHE_DIR_ENV = "SLOKIT_CACHE_DIR"
 
 UNK, BOS, EOS = "<unk>", "<s>", "</s>"
 SPECIAL_TOKENS = (UNK, BOS, EOS)  # ids 0, 1, 2 in this order
@@ -152,6 +155,22 @@ def corpus(seed: int, lines: int) -> Iterator[str]:
         yield " ".join(parts) + rng.choice((".", ",", "?", "!", ":"))
 
 
+def cache_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    """slokit's cache directory: ``$SLOKIT_CACHE_DIR``, ``$XDG_CACHE_HOME/slokit`` or
+    ``~/.cache/slokit`` (not created here)."""
+    override = environ.get(CACHE_DIR_ENV)
+    if override:
+        return Path(override).expanduser()
+    xdg = environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "slokit"
+
+
+def default_model_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    """Where the tiny model is built when no directory is named: ``<cache_dir>/tiny-model``."""
+    return cache_dir(environ) / "tiny-model"
+
+
 def is_built(out_dir: Path, spec: TinyModelSpec = TinyModelSpec()) -> bool:
     """True when ``out_dir`` holds a build of exactly ``spec`` (needs no ML libraries)."""
     try:
@@ -207,9 +226,11 @@ def build_with_interpreter(
         raise ValueError("only the seed can differ from the default spec in a subprocess build")
     if is_built(out_dir, spec):
         return
-    repo_root = Path(__file__).resolve().parents[2]
+    # The directory that holds the slokit package: the checkout, or site-packages when
+    # installed; the other interpreter imports this very module from there.
+    package_parent = Path(__file__).resolve().parents[2]
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo_root), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(package_parent), env.get("PYTHONPATH")]))
     env["HF_HUB_OFFLINE"] = "1"
     proc = subprocess.run(
         [str(python), "-m", "slokit.lab.tiny_model", str(out_dir), "--seed", str(spec.seed)],

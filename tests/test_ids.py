@@ -1,4 +1,12 @@
-from slokit.ids import candidate_ids, normalize_request_id
+import pytest
+
+from slokit.ids import (
+    MAX_REQUEST_ID_CHARS,
+    InvalidRequestId,
+    candidate_ids,
+    checked_request_id,
+    normalize_request_id,
+)
 
 
 def test_completion_span_id_loses_prefix_and_subindex() -> None:
@@ -20,3 +28,30 @@ def test_bare_client_id_is_unchanged() -> None:
 def test_candidates_cover_span_and_response_forms() -> None:
     assert candidate_ids("cmpl-r24-0")[:2] == ["r24-0", "r24"]
     assert candidate_ids("r24") == ["r24"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "from_span"),
+    [(" ", False), ("\t", False), ("chatcmpl-", False), ("cmpl-", False), ("cmpl--0", True),
+     ("chatcmpl- ", True), ("", False)],
+)  # fmt: skip
+def test_an_id_empty_once_normalized_is_refused(raw: str, from_span: bool) -> None:
+    with pytest.raises(InvalidRequestId) as err:
+        checked_request_id(raw, from_span=from_span)
+    assert err.value.reason == "request id empty once normalized"
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [("a\nb", "request id has control characters"), ("a\x00", "request id has control characters"),
+     ("x" * (MAX_REQUEST_ID_CHARS + 1), "request id longer than 512 characters")],
+)  # fmt: skip
+def test_an_id_that_cannot_be_a_key_is_refused_with_its_reason(raw: str, reason: str) -> None:
+    with pytest.raises(InvalidRequestId) as err:
+        checked_request_id(raw)
+    assert err.value.reason == reason
+
+
+def test_a_checked_id_is_the_normalized_id() -> None:
+    assert checked_request_id(" cmpl-r24-0 ", from_span=True) == "r24"
+    assert checked_request_id("x" * MAX_REQUEST_ID_CHARS) == "x" * MAX_REQUEST_ID_CHARS

@@ -1,6 +1,6 @@
 """Diagnose the fleet: run every rule over a window of the store and say what is wrong.
 
-:func:`diagnose` returns the document of DESIGN.md::
+:func:`diagnose` returns the document of docs/schema/diagnose.schema.json::
 
     {"window": {...}, "findings": [{"rule", "severity", "confidence", "replica", "start",
      "end", "summary", "evidence", "runbook"}], "coverage": {...}}
@@ -9,6 +9,11 @@ The window defaults to the data the store holds (never wall-clock now). The data
 and bucketed once (:mod:`slokit.analysis.rules._context`); each rule whose sources are
 present then runs on it. A rule whose source is missing is *withheld* and the coverage
 says why (and ``telemetry_gap`` reports the gap as a finding), instead of a guess.
+
+A rule that raises is a bug, not a verdict: the others still run, and the failure is never
+silent. It is logged on one line (the traceback at debug level), listed under
+``coverage.failed`` (``rule -> reason``), and the text report opens with it, since that
+rule's findings are missing from the diagnosis.
 """
 
 from __future__ import annotations
@@ -93,8 +98,10 @@ def run_diagnosis(
             status[rule.id] = {"status": "not_applicable", "reason": str(exc)}
             continue
         except Exception as exc:  # one broken rule must not blind the others
-            log.exception("rule %s failed", rule.id)
-            status[rule.id] = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"}
+            reason = f"{type(exc).__name__}: {exc}"
+            log.error("rule %s failed, its findings are missing: %s", rule.id, reason)
+            log.debug("rule %s failed", rule.id, exc_info=True)
+            status[rule.id] = {"status": "failed", "reason": reason}
             continue
         status[rule.id] = {"status": "ran", "findings": len(got)}
         findings.extend(got)
@@ -117,6 +124,7 @@ def run_diagnosis(
         "rules": status,
         "ran": [r for r, s in status.items() if s["status"] == "ran"],
         "withheld": {r: s["reason"] for r, s in status.items() if s["status"] == "withheld"},
+        "failed": {r: s["reason"] for r, s in status.items() if s["status"] == "failed"},
     }
     return Diagnosis(window, findings, coverage, start, end)
 
@@ -160,8 +168,17 @@ def render_text(doc: dict[str, Any]) -> str:
         f" from {base['from']})",
         "",
     ]
+    failed = doc["coverage"].get("failed", {})
+    for rule, reason in failed.items():
+        lines.append(f"RULE FAILED {rule}: {reason} (its findings are missing)")
+    if failed:
+        lines.append("")
     if not doc["findings"]:
-        lines.append("no findings: nothing stands out against the baseline")
+        lines.append(
+            "no findings: nothing stands out against the baseline"
+            if not failed
+            else "no findings from the rules that ran"
+        )
     for f in doc["findings"]:
         lines.append(
             f"{f['severity'].upper():<8} {f['rule']:<26} {f['replica'] or 'fleet':<12} "

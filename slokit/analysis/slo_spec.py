@@ -142,6 +142,12 @@ def _parse_class(ctx: _Ctx, raw: Any, i: int) -> SloClass:
     return SloClass(name=name, objective=objective, match=match, **bounds)
 
 
+#: The rolling window an SLO is judged over (``period``): at least a minute, at most a year.
+#: A zero period would make every burn rate infinite; a longer one is a typo.
+MIN_PERIOD_S = 60.0
+MAX_PERIOD_S = 366 * 86400.0
+
+
 def parse_spec(doc: Any, source: str = "<spec>") -> SloSpec:
     ctx = _Ctx(source)
     if not isinstance(doc, dict):
@@ -157,6 +163,10 @@ def parse_spec(doc: Any, source: str = "<spec>") -> SloSpec:
         period_s = parse_duration(period)
     except BadInput as exc:
         raise ctx.fail(doc, "period", str(exc)) from None
+    if not MIN_PERIOD_S <= period_s <= MAX_PERIOD_S:
+        raise ctx.fail(
+            doc, "period", f"must be between 1m and 366d (the SLO's rolling window), got {period!r}"
+        )
     classes_raw = doc.get("classes")
     if not isinstance(classes_raw, list) or not classes_raw:
         raise ctx.fail(doc, "classes", "required, a non-empty list")

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from slokit.sidecar.metrics import SidecarMetrics
-from slokit.sidecar.writer import QueueFull, Writer, WriterStopped
+from slokit.sidecar.writer import QueueFull, RecordsRefused, Writer, WriterStopped
 from slokit.sources.otlp import DecodedTraces
 
 #: Bodies at least this big are decoded in a worker thread, not on the event loop.
@@ -75,6 +75,11 @@ class OtlpIngest:
             except TimeoutError:
                 m.dropped.labels(reason="ack_timeout").inc()
                 raise Overloaded(self.writer.retry_after_s, "writer is behind") from None
+            except RecordsRefused:  # the store cannot hold them: rejected, a retry cannot help
+                n, reason = len(decoded.fragments), "refused by the store"
+                decoded.rejected += n
+                decoded.rejection_reasons[reason] = decoded.rejection_reasons.get(reason, 0) + n
+                m.spans_rejected.labels(reason=reason).inc(n)
             except Exception as exc:  # a failed commit: retryable, the writer logged it
                 m.dropped.labels(reason="write_failed").inc()
                 raise Overloaded(self.writer.retry_after_s, f"write failed: {exc}") from None

@@ -10,6 +10,16 @@ The bound counts records (spans, samples), not requests, and a batch keeps its w
 it is committed, so the records held in memory never exceed ``capacity`` (plus one item when
 the queue was empty: a single body bigger than the bound is admitted alone rather than
 refused forever).
+
+One item never costs the others of its batch their commit. Values are validated before they
+are submitted (:mod:`slokit.sources.validate`), but should a batch still fail in the database,
+its items are committed apart (the batch is halved until the failing items stand alone), so
+only the item that fails on its own gets an error: :class:`RecordsRefused`, which says
+retrying cannot help, with the database's *first* error as its cause (DuckDB reports later
+statements of an aborted transaction as "Current transaction is aborted"). Its records are
+counted in ``slokit_write_refused_total{kind}`` and logged with their ids. An error of the
+database itself (I/O, out of memory, a closed connection) fails the whole batch with that
+error instead: retrying later can help there, halving cannot.
 """
 
 from __future__ import annotations
@@ -22,6 +32,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+import duckdb
 
 from slokit.records import EngineSample, Finding, GpuSample, RequestFragment, ScrapeResult
 from slokit.sidecar.metrics import SidecarMetrics
@@ -43,6 +55,52 @@ class QueueFull(Exception):
 
 class WriterStopped(Exception):
     """The writer is not running (stopping, or never started)."""
+
+
+class RecordsRefused(Exception):
+    """The store refused these records even on their own: retrying them cannot help.
+
+    ``__cause__`` is the database's first error; the other items of the batch were committed.
+    """
+
+
+#: Errors of the database itself, not of the records: every item would fail alike. (A first
+#: error that is itself "transaction is aborted" predates these records.)
+_SYSTEMIC = (
+    duckdb.TransactionException,
+    duckdb.IOException,
+    duckdb.ConnectionException,
+    duckdb.FatalException,
+    duckdb.InternalException,
+    duckdb.OutOfMemoryException,
+    MemoryError,
+    OSError,
+)
+
+
+def first_error(exc: BaseException) -> BaseException:
+    """The error that started ``exc``'s chain (its deepest cause or context).
+
+    DuckDB answers every statement after a failed one in a transaction with "Current
+    transaction is aborted"; the error that aborted it is further down the chain.
+    """
+    seen = {id(exc)}
+    while True:
+        nxt = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+        if nxt is None or id(nxt) in seen:
+            return exc
+        seen.add(id(nxt))
+        exc = nxt
+
+
+def _describe(kind: str, records: Sequence[Any], limit: int = 3) -> str:
+    """A few ids of ``records`` for the log: which export (or scrape) this was."""
+    ids = []
+    for r in records[:limit]:
+        rid = getattr(r, "fragment_id", None) or getattr(r, "replica", None) or type(r).__name__
+        ids.append(str(rid)[:80])
+    more = f" (+{len(records) - limit} more)" if len(records) > limit else ""
+    return f"{len(records)} {kind} records: {', '.join(ids)}{more}"
 
 
 @dataclass
@@ -91,6 +149,7 @@ class Writer:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.committed_batches = 0
+        self.refused_items = 0
         self.last_error: str | None = None
         metrics.queue_capacity.set(capacity)
 
@@ -199,20 +258,72 @@ class Writer:
             items = by_kind.get(kind)
             if not items:
                 continue
-            records = [r for i in items for r in i.records]
-            t0 = time.perf_counter()
-            try:
-                self._append(kind, records)
-            except Exception as exc:
-                self.last_error = f"{type(exc).__name__}: {exc}"
-                log.error("writer: appending %d %s records failed: %s", len(records), kind, exc)
-                for i in items:
-                    i.future.set_exception(exc)
+            error = self._try(kind, items)
+            if error is None:
                 continue
-            self.metrics.commit_seconds.observe(time.perf_counter() - t0)
-            self.committed_batches += 1
-            for i in items:
-                i.future.set_result(len(i.records))
+            first = first_error(error)
+            self.last_error = f"{type(first).__name__}: {first}"
+            if isinstance(first, _SYSTEMIC):
+                log.error("writer: appending %d %s items failed: %s", len(items), kind,
+                          self.last_error)  # fmt: skip
+                for i in items:
+                    i.future.set_exception(error)
+            elif len(items) == 1:
+                self._refuse(kind, items[0], first)
+            else:
+                log.error("writer: a batch of %d %s items failed: %s; committing them apart",
+                          len(items), kind, self.last_error)  # fmt: skip
+                self._isolate(kind, items)
+
+    def _try(self, kind: Kind, items: list[_Item]) -> Exception | None:
+        """Append ``items`` in one go; resolve their futures and return None, or return the
+        error (never raised here: handling it inside an ``except`` would chain later errors
+        to this one)."""
+        records = [r for i in items for r in i.records]
+        t0 = time.perf_counter()
+        try:
+            self._append(kind, records)
+        except Exception as exc:
+            return exc
+        self.metrics.commit_seconds.observe(time.perf_counter() - t0)
+        self.committed_batches += 1
+        for i in items:
+            i.future.set_result(len(i.records))
+        return None
+
+    def _isolate(self, kind: Kind, items: list[_Item]) -> None:
+        """Commit ``items`` (which failed together) apart: halve until the failures stand alone.
+
+        k failing items among n cost about 2k log2(n) extra transactions.
+        """
+        todo = [items[: len(items) // 2], items[len(items) // 2 :]]
+        while todo:
+            part = todo.pop()
+            error = self._try(kind, part)
+            if error is None:
+                continue
+            first = first_error(error)
+            if isinstance(first, _SYSTEMIC):  # the database, not the records: stop halving
+                self.last_error = f"{type(first).__name__}: {first}"
+                log.error("writer: appending %s items failed: %s", kind, self.last_error)
+                for i in [*part, *(i for p in todo for i in p)]:
+                    i.future.set_exception(error)
+                return
+            if len(part) == 1:
+                self._refuse(kind, part[0], first)
+            else:
+                todo += [part[: len(part) // 2], part[len(part) // 2 :]]
+
+    def _refuse(self, kind: Kind, item: _Item, first: BaseException) -> None:
+        """``item`` fails on its own: the store cannot hold its records."""
+        why = f"{type(first).__name__}: {first}"
+        self.last_error = why
+        self.refused_items += 1
+        self.metrics.write_refused.labels(kind=kind).inc(len(item.records))
+        log.error("writer: the store refused %s: %s", _describe(kind, item.records), why)
+        refused = RecordsRefused(f"the store refused {len(item.records)} {kind} records: {why}")
+        refused.__cause__ = first
+        item.future.set_exception(refused)
 
     def _append(self, kind: Kind, records: list[Any]) -> None:
         s = self.store

@@ -4,7 +4,10 @@ Names and units follow dcgm-exporter's ``etc/default-counters.csv`` and
 ``etc/dcp-metrics-included.csv``: utilization in percent (converted to a ratio), PROF_*
 activity already a ratio, framebuffer in MiB, power in W, energy in mJ (converted to J),
 XID_ERRORS the value of the last XID. DCGM writes "blank" sentinels (values near 2**31,
-2**47 or 2**63) for fields it could not read; those become None.
+2**47 or 2**63) for fields it could not read; those become None. A value that is not finite
+or is outside its field's range (a negative power, a utilization over 100%, a count past
+2**53: :mod:`slokit.sources.validate`) becomes None as well, and is counted by field in the
+caller's ``invalid`` counter; the rest of the scrape is kept.
 
 Labels, as dcgm-exporter renders them: ``gpu``, ``UUID`` (or ``uuid``), ``pci_bus_id``,
 ``device``, ``modelName``, ``Hostname`` (older releases and the GPU template) or
@@ -14,11 +17,11 @@ Labels, as dcgm-exporter renders them: ``gpu``, ``UUID`` (or ``uuid``), ``pci_bu
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 
 from slokit.records import GpuSample
 from slokit.sources.exposition import MetricFamily, parse_exposition
+from slokit.sources.validate import GPU_RANGES, Invalid, sample_value
 
 #: DCGM blank sentinels: int32 blanks start at 0x7ffffff0, fp64 at 2**47, int64 at 0x7ff...f0.
 _INT32_BLANK = 0x7FFFFFF0
@@ -57,15 +60,26 @@ FB_PARTS = ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERV
 _GpuKey = tuple[str, str, str]  # (gpu index, uuid, MIG instance id)
 
 
-def parse_dcgm_metrics(data: str | bytes, *, ts: float) -> list[GpuSample]:
-    """Parse one dcgm-exporter scrape. Raises :class:`~slokit.errors.BadInput` if malformed."""
-    return gpu_samples_from_families(parse_exposition(data), ts=ts)
+def parse_dcgm_metrics(data: str | bytes, *, ts: float, invalid: Invalid = None) -> list[GpuSample]:
+    """Parse one dcgm-exporter scrape. Raises :class:`~slokit.errors.BadInput` if malformed;
+    values made missing are counted by field in ``invalid``."""
+    return gpu_samples_from_families(parse_exposition(data), ts=ts, invalid=invalid)
 
 
-def _value(v: float, blank: float) -> float | None:
-    if not math.isfinite(v) or v >= blank:
+def _value(
+    v: float,
+    blank: float,
+    fieldname: str,
+    invalid: Invalid,
+    convert: Callable[[float], float] | None = None,
+) -> float | None:
+    """The field's value: None for DCGM's blank sentinels (a handful of values from
+    ``blank`` up), and for a value out of range (counted in ``invalid``)."""
+    if blank <= v <= blank + 16:
         return None
-    return v
+    if convert is not None:
+        v = convert(v)
+    return sample_value(v, fieldname, GPU_RANGES, invalid)
 
 
 def _label(labels: dict[str, str], *names: str) -> str | None:
@@ -76,7 +90,9 @@ def _label(labels: dict[str, str], *names: str) -> str | None:
     return None
 
 
-def gpu_samples_from_families(families: Iterable[MetricFamily], *, ts: float) -> list[GpuSample]:
+def gpu_samples_from_families(
+    families: Iterable[MetricFamily], *, ts: float, invalid: Invalid = None
+) -> list[GpuSample]:
     """Build GPU samples from already-parsed families; series without a ``gpu`` label are skipped."""
     gpus: dict[_GpuKey, GpuSample] = {}
     fb: dict[_GpuKey, dict[str, float | None]] = {}
@@ -107,12 +123,16 @@ def gpu_samples_from_families(families: Iterable[MetricFamily], *, ts: float) ->
                     namespace=_label(labels, "namespace"),
                     source="dcgm",
                 )
-            if name in FB_PARTS:
-                fb.setdefault(key, {})[name] = _value(s.value, _INT32_BLANK)
             if name in FIELDS:
                 fieldname, convert, blank = FIELDS[name]
-                v = _value(s.value, blank)
-                setattr(sample, fieldname, None if v is None else convert(v))
+                v = _value(s.value, blank, fieldname, invalid, convert)
+                setattr(sample, fieldname, v)
+                if name in FB_PARTS:
+                    fb.setdefault(key, {})[name] = v
+            elif name in FB_PARTS:
+                fb.setdefault(key, {})[name] = _value(
+                    s.value, _INT32_BLANK, "mem_total_mib", invalid
+                )
     for key, parts in fb.items():
         used, free = parts.get(FB_PARTS[0]), parts.get(FB_PARTS[1])
         if used is not None and free is not None:

@@ -4,6 +4,13 @@ Every parser here is all-or-nothing: the whole text is parsed before anything is
 returned, and a bad line raises :class:`~slokit.errors.BadInput` naming ``file:line``, so
 the caller writes a file completely or not at all. Parsers take text (or bytes) and the
 file's name (for messages and synthesized ids); :func:`read_text` reads a path.
+
+Values are held to :mod:`slokit.sources.validate`'s bounds. A request record with an
+implausible value (a negative or week-long latency, an absurd token count, a time before 2000
+or more than a day after ``now``, an id that is empty once normalized) is bad input naming
+``file:line``. A metric sample whose value is outside its field's range becomes a missing fact
+and is counted in ``invalid``, as in a live scrape; a sample timestamp outside the plausible
+range is bad input.
 """
 
 from __future__ import annotations
@@ -12,13 +19,14 @@ import csv
 import io
 import json
 import math
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args
 
 from slokit.errors import BadInput
-from slokit.ids import normalize_request_id
+from slokit.ids import InvalidRequestId, checked_request_id
 from slokit.records import EngineSample, GpuSample, RequestFragment, RequestStatus
 from slokit.sources.dcgm import gpu_samples_from_families
 from slokit.sources.exposition import (
@@ -27,6 +35,7 @@ from slokit.sources.exposition import (
     parse_exposition,
     parse_openmetrics_history,
 )
+from slokit.sources.validate import Invalid, fragment_problem, timestamp_problem
 from slokit.sources.vllm_metrics import engine_samples_from_families
 
 _STATUSES = frozenset(get_args(RequestStatus))
@@ -56,6 +65,25 @@ def _stem(name: str) -> str:
     return Path(name).stem or name
 
 
+def _now(now: float | None) -> float:
+    return time.time() if now is None else now
+
+
+def _request_id(raw: str, where: str) -> str:
+    try:
+        return checked_request_id(raw)
+    except InvalidRequestId as exc:
+        raise BadInput(f"{where}: {exc}") from None
+
+
+def _checked(frag: RequestFragment, where: str, now: float) -> RequestFragment:
+    """``frag``, or :class:`BadInput` at ``where`` when a value of it is implausible."""
+    why = fragment_problem(frag, now)
+    if why is not None:
+        raise BadInput(f"{where}: {why}")
+    return frag
+
+
 # --- (a) metric history: OpenMetrics / Prometheus text with timestamps -------------------
 
 
@@ -71,14 +99,19 @@ def parse_metrics_file(
     name: str,
     instance: str | None = None,
     default_ts: float | None = None,
+    invalid: Invalid = None,
+    now: float | None = None,
 ) -> MetricsFileRecords:
     """Group samples by (timestamp, instance) and build engine and GPU samples per group.
 
     OpenMetrics (ends with ``# EOF``) carries timestamps in seconds; classic Prometheus text
     in milliseconds. The ``instance`` label names the replica; ``instance`` is used for
     samples without one. Samples without a timestamp take ``default_ts`` (e.g. the time a
-    scrape was saved); without it they are rejected.
+    scrape was saved); without it they are rejected, and so are timestamps before 2000 or
+    more than a day after ``now`` (default the clock). Values out of their field's range
+    become missing facts, counted by field in ``invalid``.
     """
+    now_s = _now(now)
     text = _as_text(data, name)
     try:
         families = (
@@ -95,6 +128,8 @@ def parse_metrics_file(
                 raise BadInput(
                     f"{name}: sample {s.name} has no timestamp; give the time it was taken"
                 )
+            if why := timestamp_problem(ts, now_s):
+                raise BadInput(f"{name}: sample {s.name} at {ts!r}: timestamp {why}")
             inst = s.labels.get("instance") or instance
             if inst is None:
                 raise BadInput(f"{name}: sample {s.name} has no 'instance' label; name the replica")
@@ -106,8 +141,10 @@ def parse_metrics_file(
 
     out = MetricsFileRecords()
     for (ts, inst), fams in sorted(groups.items()):
-        out.engine_samples.extend(engine_samples_from_families(fams.values(), ts=ts, replica=inst))
-        out.gpu_samples.extend(gpu_samples_from_families(fams.values(), ts=ts))
+        out.engine_samples.extend(
+            engine_samples_from_families(fams.values(), ts=ts, replica=inst, invalid=invalid)
+        )
+        out.gpu_samples.extend(gpu_samples_from_families(fams.values(), ts=ts, invalid=invalid))
     return out
 
 
@@ -206,7 +243,9 @@ def is_vllm_bench(text: str) -> bool:
     return isinstance(doc, dict) and "ttfts" in doc
 
 
-def parse_vllm_bench(data: str | bytes, *, name: str) -> list[RequestFragment]:
+def parse_vllm_bench(
+    data: str | bytes, *, name: str, now: float | None = None
+) -> list[RequestFragment]:
     """``vllm bench serve --save-result --save-detailed`` JSON -> client fragments.
 
     Per request: ``ttfts``, ``itls``, ``latencies``, ``input_lens``, ``output_lens``,
@@ -225,11 +264,11 @@ def parse_vllm_bench(data: str | bytes, *, name: str) -> list[RequestFragment]:
     for k, (lineno, doc) in enumerate(runs):
         where = _where(name, lineno if len(runs) > 1 else None)
         prefix = stem if len(runs) == 1 else f"{stem}-{k}"
-        out.extend(_bench_run(doc, where, prefix))
+        out.extend(_bench_run(doc, where, prefix, _now(now)))
     return out
 
 
-def _bench_run(doc: Any, where: str, prefix: str) -> list[RequestFragment]:
+def _bench_run(doc: Any, where: str, prefix: str, now: float) -> list[RequestFragment]:
     if not isinstance(doc, dict):
         raise BadInput(f"{where}: expected a JSON object")
     missing = [k for k in _BENCH_LISTS if k not in doc]
@@ -259,25 +298,24 @@ def _bench_run(doc: Any, where: str, prefix: str) -> list[RequestFragment]:
         if ids is not None:
             if not isinstance(ids[i], str) or not ids[i]:
                 raise BadInput(f"{w}: request_ids entries must be non-empty strings")
-            rid = normalize_request_id(ids[i])
+            rid = _request_id(ids[i], w)
         else:
             rid = f"{prefix}-{i}"
-        out.append(
-            RequestFragment(
-                request_id=rid,
-                source="client",
-                fragment_id=f"client:{rid}",
-                model=model,
-                client_ttft_s=ttft if ok else None,
-                client_e2e_s=e2e if ok else None,
-                tpot_s=_tpot(e2e, ttft, out_tokens) if ok else None,
-                itl_p95_s=_percentile(itls, 0.95) if ok else None,
-                prompt_tokens=_integer(rec, "input_lens", w),
-                output_tokens=out_tokens if ok else None,
-                status="ok" if ok else "error",
-                error_type=None if ok else _first_line(str(error)),
-            )
+        frag = RequestFragment(
+            request_id=rid,
+            source="client",
+            fragment_id=f"client:{rid}",
+            model=model,
+            client_ttft_s=ttft if ok else None,
+            client_e2e_s=e2e if ok else None,
+            tpot_s=_tpot(e2e, ttft, out_tokens) if ok else None,
+            itl_p95_s=_percentile(itls, 0.95) if ok else None,
+            prompt_tokens=_integer(rec, "input_lens", w),
+            output_tokens=out_tokens if ok else None,
+            status="ok" if ok else "error",
+            error_type=None if ok else _first_line(str(error)),
         )
+        out.append(_checked(frag, w, now))
     return out
 
 
@@ -289,9 +327,12 @@ def _first_line(s: str, limit: int = 120) -> str:
 # --- (c) slokit load JSONL ------------------------------------------------------------------
 
 
-def parse_load_jsonl(data: str | bytes, *, name: str) -> list[RequestFragment]:
+def parse_load_jsonl(
+    data: str | bytes, *, name: str, now: float | None = None
+) -> list[RequestFragment]:
     """slokit load records (one JSON object per line) -> client fragments."""
     text = _as_text(data, name)
+    now_s = _now(now)
     out: list[RequestFragment] = []
     seen: set[str] = set()
     for lineno, rec in _json_lines(text, name):
@@ -299,7 +340,7 @@ def parse_load_jsonl(data: str | bytes, *, name: str) -> list[RequestFragment]:
         raw_id = _string(rec, "request_id", w)
         if not raw_id:
             raise BadInput(f"{w}: request_id is required")
-        rid = normalize_request_id(raw_id)
+        rid = _request_id(raw_id, w)
         if rid in seen:
             raise BadInput(f"{w}: request_id {raw_id!r} appears twice")
         seen.add(rid)
@@ -310,41 +351,42 @@ def parse_load_jsonl(data: str | bytes, *, name: str) -> list[RequestFragment]:
         e2e = _number(rec, "e2e_s", w)
         out_tokens = _integer(rec, "output_tokens", w)
         http_status = _integer(rec, "http_status", w)
-        out.append(
-            RequestFragment(
-                request_id=rid,
-                source="client",
-                fragment_id=f"client:{rid}",
-                trace_id=_string(rec, "trace_id", w),
-                model=_string(rec, "model", w),
-                tenant=_string(rec, "tenant", w),
-                slo_class=_string(rec, "slo_class", w),
-                task_id=_string(rec, "task_id", w),
-                arrival_ts=_number(rec, "send_ts", w),
-                first_token_ts=_number(rec, "first_token_ts", w),
-                finish_ts=_number(rec, "finish_ts", w),
-                client_ttft_s=ttft,
-                client_e2e_s=e2e,
-                tpot_s=_tpot(e2e, ttft, out_tokens),
-                itl_p95_s=_percentile(_float_list(rec.get("itl_s"), "itl_s", w), 0.95),
-                prompt_tokens=_integer(rec, "prompt_tokens", w),
-                output_tokens=out_tokens,
-                max_tokens=_integer(rec, "max_tokens", w),
-                finish_reason=_string(rec, "finish_reason", w),
-                status=status,
-                http_status=http_status,
-                error_type=_string(rec, "error_type", w),
-            )
+        frag = RequestFragment(
+            request_id=rid,
+            source="client",
+            fragment_id=f"client:{rid}",
+            trace_id=_string(rec, "trace_id", w),
+            model=_string(rec, "model", w),
+            tenant=_string(rec, "tenant", w),
+            slo_class=_string(rec, "slo_class", w),
+            task_id=_string(rec, "task_id", w),
+            arrival_ts=_number(rec, "send_ts", w),
+            first_token_ts=_number(rec, "first_token_ts", w),
+            finish_ts=_number(rec, "finish_ts", w),
+            client_ttft_s=ttft,
+            client_e2e_s=e2e,
+            tpot_s=_tpot(e2e, ttft, out_tokens),
+            itl_p95_s=_percentile(_float_list(rec.get("itl_s"), "itl_s", w), 0.95),
+            prompt_tokens=_integer(rec, "prompt_tokens", w),
+            output_tokens=out_tokens,
+            max_tokens=_integer(rec, "max_tokens", w),
+            finish_reason=_string(rec, "finish_reason", w),
+            status=status,
+            http_status=http_status,
+            error_type=_string(rec, "error_type", w),
         )
+        out.append(_checked(frag, w, now_s))
     return out
 
 
-def parse_requests_file(data: str | bytes, *, name: str) -> list[RequestFragment]:
+def parse_requests_file(
+    data: str | bytes, *, name: str, now: float | None = None
+) -> list[RequestFragment]:
     """A vLLM bench result or slokit load JSONL, told apart by content."""
     text = _as_text(data, name)
     if is_vllm_bench(text):
-        return parse_vllm_bench(text, name=name)
-    return parse_load_jsonl(text, name=name)
+        return parse_vllm_bench(text, name=name, now=now)
+    return parse_load_jsonl(text, name=name, now=now)
 
 
 # --- (d) quality rows -------------------------------------------------------------------------
@@ -406,7 +448,7 @@ def parse_quality(data: str | bytes, *, name: str) -> list[RequestFragment]:
         w = f"{name}:{lineno}"
         if not isinstance(raw_id, str) or not raw_id.strip():
             raise BadInput(f"{w}: request_id is required")
-        rid = normalize_request_id(raw_id)
+        rid = _request_id(raw_id, w)
         if rid in seen:
             raise BadInput(f"{w}: request_id {raw_id!r} appears twice")
         seen.add(rid)

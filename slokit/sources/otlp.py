@@ -10,8 +10,13 @@ become fragments:
   http.* and current gen_ai.* names (``gen_ai.usage.input_tokens``...).
 
 Everything else (vLLM start-up spans, unrelated spans) is skipped, not rejected. Spans with an
-empty or malformed trace id, or an ``llm_request`` without a request id, are rejected and
-counted (OTLP ``partial_success``). Prompt and completion text attributes are never read.
+empty or malformed trace id, an ``llm_request`` without a request id, a request id that is
+empty once normalized, or an implausible value (a latency that is NaN, infinite, negative or
+over a week, a token count that is not a whole number up to 10**9, a start time before 2000 or
+more than a day ahead, an end before the start: :mod:`slokit.sources.validate`) are rejected
+one by one with a reason and counted (OTLP ``partial_success``): one bad span never fails the
+others of its export, nor other exports. A value of the wrong type (a string that is not a
+number) is a missing fact. Prompt and completion text attributes are never read.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import time
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,8 +34,19 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from slokit.errors import BadInput
-from slokit.ids import normalize_request_id
+from slokit.ids import InvalidRequestId, checked_request_id
 from slokit.records import RequestFragment
+from slokit.sources.validate import (
+    FUTURE_SLACK_S,
+    HTTP_STATUS_RANGE,
+    MAX_DURATION_S,
+    MAX_INT64,
+    MAX_TOKENS,
+    MIN_TS,
+    duration_problem,
+    int_problem,
+    timestamp_problem,
+)
 
 #: Resource attributes that name the replica, most specific first.
 REPLICA_ATTRIBUTES = ("k8s.pod.name", "service.instance.id", "host.name")
@@ -77,10 +94,17 @@ _HTTP_ATTRS: dict[str, str] = {
     "gen_ai.server.time_to_first_token": "client_ttft_s",
 }
 
-_INT_FIELDS = frozenset(
-    {"prompt_tokens", "output_tokens", "cached_tokens", "max_tokens", "http_status"}
-)
+#: Integer fields and their largest plausible value (see slokit.sources.validate).
+_INT_LIMITS: dict[str, int] = {
+    "prompt_tokens": MAX_TOKENS,
+    "output_tokens": MAX_TOKENS,
+    "cached_tokens": MAX_TOKENS,
+    "max_tokens": MAX_INT64,
+    "http_status": HTTP_STATUS_RANGE[1],
+}
+_INT_FIELDS = frozenset(_INT_LIMITS)
 _FLOAT_FIELDS = frozenset({"client_ttft_s"})
+_DURATION_FIELDS = frozenset(f for f in _VLLM_ATTRS.values() if f.endswith("_s"))
 
 _REQUEST_ID_ATTRS = (
     "slokit.request_id",
@@ -160,10 +184,15 @@ def parse_request(
             doc = json.loads(body)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise BadInput(f"undecodable OTLP JSON: {exc}") from None
+        except RecursionError:
+            raise BadInput("OTLP JSON nested too deeply") from None
+        doc = _hex_ids_to_base64(doc)
         try:
-            json_format.ParseDict(_hex_ids_to_base64(doc), msg, ignore_unknown_fields=True)
+            json_format.ParseDict(doc, msg, ignore_unknown_fields=True)
         except (json_format.ParseError, TypeError, ValueError, AttributeError) as exc:
             raise BadInput(f"OTLP JSON does not match ExportTraceServiceRequest: {exc}") from None
+        except RecursionError:
+            raise BadInput("OTLP JSON nested too deeply") from None
         return msg
     raise UnsupportedMediaType(f"unsupported Content-Type {content_type!r}")
 
@@ -172,28 +201,30 @@ class UnsupportedMediaType(BadInput):
     """Neither protobuf nor JSON (HTTP 415)."""
 
 
-def _hex_ids_to_base64(doc: Any) -> Any:
+#: Deepest JSON nesting read. OTLP needs about 16 levels plus 3 per nested attribute value,
+#: and protobuf refuses messages nested over 100 deep anyway.
+MAX_JSON_DEPTH = 256
+
+_ID_KEYS = frozenset({"traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id"})
+
+
+def _hex_ids_to_base64(doc: Any, depth: int = 0) -> Any:
     """OTLP/JSON encodes trace and span ids as hex; protobuf's JSON mapping wants base64."""
+    if depth > MAX_JSON_DEPTH:
+        raise BadInput(f"OTLP JSON nested more than {MAX_JSON_DEPTH} levels deep")
     if isinstance(doc, dict):
         out = {}
         for k, v in doc.items():
-            if k in (
-                "traceId",
-                "spanId",
-                "parentSpanId",
-                "trace_id",
-                "span_id",
-                "parent_span_id",
-            ) and isinstance(v, str):
+            if k in _ID_KEYS and isinstance(v, str):
                 try:
                     out[k] = base64.b64encode(bytes.fromhex(v)).decode()
                 except ValueError:
                     raise BadInput(f"{k} is not hex: {v[:40]!r}") from None
             else:
-                out[k] = _hex_ids_to_base64(v)
+                out[k] = _hex_ids_to_base64(v, depth + 1)
         return out
     if isinstance(doc, list):
-        return [_hex_ids_to_base64(x) for x in doc]
+        return [_hex_ids_to_base64(x, depth + 1) for x in doc]
     return doc
 
 
@@ -229,47 +260,89 @@ def _resource_replica(resource: Any, default: str | None) -> str | None:
     return None
 
 
-def _coerce(field_name: str, value: Any) -> Any:
+class _Rejected(Exception):
+    """A span with an implausible value; the message is the reason (a metric label)."""
+
+
+def _coerce(key: str, field_name: str, value: Any) -> Any:
+    """An attribute value as its field's type: None when it is of the wrong type (a missing
+    fact); :class:`_Rejected` when it is a number that cannot be true."""
     if isinstance(value, list):
         value = value[0] if value else None
     if value is None:
         return None
     if field_name in _INT_FIELDS:
-        try:
-            return int(value)
-        except (TypeError, ValueError):
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
             return None
+        if isinstance(value, str):
+            try:
+                value = int(value)
+            except ValueError:
+                return None
+        why = int_problem(value, _INT_LIMITS[field_name])
+        if why is None and field_name == "http_status" and value < HTTP_STATUS_RANGE[0]:
+            why = "is out of range"
+        if why is not None:
+            raise _Rejected(f"{key} {why}")
+        return int(value)
     if field_name in _FLOAT_FIELDS or field_name.endswith("_s"):
-        try:
-            return float(value)
-        except (TypeError, ValueError):
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
             return None
+        try:
+            x = float(value)
+        except (ValueError, OverflowError):
+            return None
+        if why := duration_problem(x):
+            raise _Rejected(f"{key} {why}")
+        return x
     return str(value)
 
 
 def decode_message(
-    msg: ExportTraceServiceRequest, *, default_replica: str | None = None
+    msg: ExportTraceServiceRequest,
+    *,
+    default_replica: str | None = None,
+    now: float | None = None,
 ) -> DecodedTraces:
+    """Fragments of one export; ``now`` (epoch seconds, default the clock) bounds start times."""
     out = DecodedTraces()
     frags = out.fragments
+    now_s = time.time() if now is None else now
     for rs in msg.resource_spans:
         replica = _resource_replica(rs.resource, default_replica)
         for ss in rs.scope_spans:
             for span in ss.spans:
                 out.spans += 1
-                if span.name == "llm_request":
-                    _vllm_span(span, replica, out, frags)
-                elif span.kind in (_SPAN_KIND_SERVER, _SPAN_KIND_CLIENT):
-                    _http_span(span, replica, out, frags)
-                else:
-                    out.skipped += 1
+                try:
+                    if span.name == "llm_request":
+                        _vllm_span(span, replica, out, frags, now_s)
+                    elif span.kind in (_SPAN_KIND_SERVER, _SPAN_KIND_CLIENT):
+                        _http_span(span, replica, out, frags, now_s)
+                    else:
+                        out.skipped += 1
+                except _Rejected as exc:
+                    out.reject(str(exc))
+                except InvalidRequestId as exc:
+                    out.reject(exc.reason)
     return out
 
 
+def _start_s(span: Any, now: float) -> float | None:
+    """The span's start in epoch seconds (None when unset); :class:`_Rejected` if implausible."""
+    start_ns = span.start_time_unix_nano
+    if not start_ns:
+        return None
+    start = start_ns / 1e9
+    if why := timestamp_problem(start, now):
+        raise _Rejected(f"span start time {why}")
+    return start
+
+
 def _vllm_span(
-    span: Any, replica: str | None, out: DecodedTraces, frags: list[RequestFragment]
+    span: Any, replica: str | None, out: DecodedTraces, frags: list[RequestFragment], now: float
 ) -> None:
-    # The hot path of ingest: one pass over the attributes, no per-attribute function calls.
+    # The hot path of ingest: one pass over the attributes, no per-attribute function calls
+    # for durations (the common case). Raises _Rejected for an implausible value.
     trace_id = span.trace_id
     if len(trace_id) != 16 or trace_id == _ZERO_TRACE:
         out.reject("empty or malformed trace id")
@@ -294,27 +367,44 @@ def _vllm_span(
             x = v.string_value
         else:
             continue
-        try:
-            if fname in _INT_FIELDS:
-                values[fname] = int(x)
-            elif fname.endswith("_s"):
-                values[fname] = float(x)
-            else:
-                values[fname] = str(x)
-        except ValueError:
-            continue  # a malformed value is a missing fact, not a guess
+        if fname in _DURATION_FIELDS:
+            try:
+                d = float(x)
+            except ValueError:
+                continue  # a malformed value is a missing fact, not a guess
+            if not 0.0 <= d <= MAX_DURATION_S:  # also NaN
+                raise _Rejected(f"{key} {duration_problem(d)}")
+            values[fname] = d
+        elif fname in _INT_FIELDS:
+            if which == "int_value" and 0 <= x <= _INT_LIMITS[fname]:
+                values[fname] = x  # the common case
+                continue
+            if which == "string_value":
+                try:
+                    x = int(x)
+                except ValueError:
+                    continue
+            if why := int_problem(x, _INT_LIMITS[fname]):
+                raise _Rejected(f"{key} {why}")
+            values[fname] = int(x)
+        else:
+            values[fname] = str(x)
     if not raw_id:
         out.reject("llm_request span without gen_ai.request.id")
         return
+    request_id = checked_request_id(raw_id, from_span=True)
     start_ns = span.start_time_unix_nano
+    arrival = start_ns / 1e9 if start_ns else None
+    if arrival is not None and not MIN_TS <= arrival <= now + FUTURE_SLACK_S:
+        raise _Rejected(f"span start time {timestamp_problem(arrival, now)}")
     frags.append(
         RequestFragment(
-            request_id=normalize_request_id(raw_id, from_span=True),
+            request_id=request_id,
             source="vllm",
             fragment_id="vllm:" + span.span_id.hex(),
             trace_id=trace_id.hex(),
             replica=replica,
-            arrival_ts=start_ns / 1e9 if start_ns else None,
+            arrival_ts=arrival,
             status="error" if span.status.code == _STATUS_ERROR else None,
             **values,
         )
@@ -322,7 +412,7 @@ def _vllm_span(
 
 
 def _http_span(
-    span: Any, replica: str | None, out: DecodedTraces, frags: list[RequestFragment]
+    span: Any, replica: str | None, out: DecodedTraces, frags: list[RequestFragment], now: float
 ) -> None:
     attrs = {kv.key: _any_value(kv.value) for kv in span.attributes}
     raw_id = None
@@ -340,17 +430,20 @@ def _http_span(
     if len(trace_id) != 16 or trace_id == b"\0" * 16:
         out.reject("empty or malformed trace id")
         return
+    request_id = checked_request_id(raw_id)
     values: dict[str, Any] = {}
     for key, fname in _HTTP_ATTRS.items():
         if key in attrs and values.get(fname) is None:
-            values[fname] = _coerce(fname, attrs[key])
+            values[fname] = _coerce(key, fname, attrs[key])
     source = "client" if span.kind == _SPAN_KIND_CLIENT else "gateway"
-    start_s = span.start_time_unix_nano / 1e9 if span.start_time_unix_nano else None
+    start_s = _start_s(span, now)
     dur = (
         (span.end_time_unix_nano - span.start_time_unix_nano) / 1e9
         if span.end_time_unix_nano and span.start_time_unix_nano
         else None
     )
+    if dur is not None and (why := duration_problem(dur)):
+        raise _Rejected("span end before its start" if dur < 0 else f"span duration {why}")
     http_status = values.get("http_status")
     if span.status.code == _STATUS_ERROR or (http_status is not None and http_status >= 400):
         status = "error"
@@ -366,7 +459,7 @@ def _http_span(
     values[dur_field] = dur
     frags.append(
         RequestFragment(
-            request_id=normalize_request_id(raw_id),
+            request_id=request_id,
             source=source,
             fragment_id=f"{source}:{span.span_id.hex()}",
             trace_id=trace_id.hex(),
@@ -385,13 +478,18 @@ def decode_traces(
     *,
     max_bytes: int = 64 * 1024 * 1024,
     default_replica: str | None = None,
+    now: float | None = None,
 ) -> DecodedTraces:
     """Decode one OTLP/HTTP body (as sent over the wire) into fragments.
 
-    Raises BadInput (400), UnsupportedMediaType (415) or PayloadTooLarge (413).
+    Raises BadInput (400), UnsupportedMediaType (415) or PayloadTooLarge (413). Spans with
+    implausible values are rejected one by one (``DecodedTraces.reject``); ``now`` (epoch
+    seconds, default the clock) is what "more than a day ahead" is measured from.
     """
     raw = decompress(body, content_encoding, max_bytes)
-    return decode_message(parse_request(raw, content_type), default_replica=default_replica)
+    return decode_message(
+        parse_request(raw, content_type), default_replica=default_replica, now=now
+    )
 
 
 def sniff_file(data: bytes) -> tuple[bytes, str, str | None]:

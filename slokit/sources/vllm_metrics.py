@@ -5,6 +5,12 @@ vLLM has used for it, current first, so a rename is one line. Series without a
 ``model_name`` label (other exporters in the same process, ``cache_config_info``) do not
 make an engine sample of their own. Sample names ``vllm_*`` are read as ``vllm:*`` (see
 :func:`_canonical`).
+
+A value outside its field's range (NaN, +-Inf, negative, a count past 2**53, a KV usage over
+1: :mod:`slokit.sources.validate`) becomes a missing fact (None) and is counted in the
+caller's ``invalid`` counter by field; a histogram with such a bucket, sum or count is left
+out whole (``histogram:<key>``), and one bad ``request_success`` reason leaves the total
+unknown. The rest of the scrape is kept.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from collections.abc import Iterable
 
 from slokit.records import EngineSample, HistogramSnapshot
 from slokit.sources.exposition import MetricFamily, Sample, parse_exposition
+from slokit.sources.validate import ENGINE_RANGES, Invalid, is_count, sample_value
 
 #: EngineSample field -> sample names (as exposed, counters with ``_total``), current first.
 SCALARS: dict[str, tuple[str, ...]] = {
@@ -66,13 +73,18 @@ CACHE_CONFIG_LABELS: dict[str, str] = {
 _Key = tuple[str, str | None]  # (model_name, engine)
 
 
-def parse_vllm_metrics(data: str | bytes, *, ts: float, replica: str) -> list[EngineSample]:
-    """Parse one vLLM scrape. Raises :class:`~slokit.errors.BadInput` if it is malformed."""
-    return engine_samples_from_families(parse_exposition(data), ts=ts, replica=replica)
+def parse_vllm_metrics(
+    data: str | bytes, *, ts: float, replica: str, invalid: Invalid = None
+) -> list[EngineSample]:
+    """Parse one vLLM scrape. Raises :class:`~slokit.errors.BadInput` if it is malformed;
+    values made missing are counted by field in ``invalid``."""
+    return engine_samples_from_families(
+        parse_exposition(data), ts=ts, replica=replica, invalid=invalid
+    )
 
 
 def engine_samples_from_families(
-    families: Iterable[MetricFamily], *, ts: float, replica: str
+    families: Iterable[MetricFamily], *, ts: float, replica: str, invalid: Invalid = None
 ) -> list[EngineSample]:
     """Build engine samples from already-parsed families (one scrape, or one timestamp)."""
     by_name: dict[str, list[Sample]] = {}
@@ -96,21 +108,26 @@ def engine_samples_from_families(
         for s in _first_present(by_name, names):
             es = engine(s.labels)
             if es is not None:
-                setattr(es, fieldname, _finite(s.value))
+                setattr(es, fieldname, sample_value(s.value, fieldname, ENGINE_RANGES, invalid))
 
+    unknown_total: set[_Key] = set()
     for s in _first_present(by_name, REQUEST_SUCCESS):
         es = engine(s.labels)
-        if es is None or math.isnan(s.value):
+        if es is None:
+            continue
+        value = sample_value(s.value, "request_success_total", ENGINE_RANGES, invalid)
+        if value is None:  # the sum over reasons is unknown too
+            unknown_total.add((es.model, es.engine))
             continue
         reason = s.labels.get("finished_reason", "unknown")
-        es.request_success_by_reason[reason] = (
-            es.request_success_by_reason.get(reason, 0.0) + s.value
-        )
-        es.request_success_total = (es.request_success_total or 0.0) + s.value
+        es.request_success_by_reason[reason] = es.request_success_by_reason.get(reason, 0.0) + value
+        es.request_success_total = (es.request_success_total or 0.0) + value
+    for ek in unknown_total:
+        engines[ek].request_success_total = None
 
     for key, names in HISTOGRAMS.items():
         for fam_name in names:
-            snaps = _histograms(by_name, fam_name, key)
+            snaps = _histograms(by_name, fam_name, key, invalid)
             if snaps:
                 for labels, snap in snaps:
                     es = engine(labels)
@@ -118,7 +135,7 @@ def engine_samples_from_families(
                         es.histograms[key] = snap
                 break
 
-    _apply_cache_config(by_name.get(CACHE_CONFIG_INFO, []), engines)
+    _apply_cache_config(by_name.get(CACHE_CONFIG_INFO, []), engines, invalid)
     return list(engines.values())
 
 
@@ -135,14 +152,11 @@ def _first_present(by_name: dict[str, list[Sample]], names: tuple[str, ...]) -> 
     return []
 
 
-def _finite(v: float) -> float | None:
-    return v if math.isfinite(v) else None
-
-
 def _histograms(
-    by_name: dict[str, list[Sample]], fam: str, key: str
+    by_name: dict[str, list[Sample]], fam: str, key: str, invalid: Invalid = None
 ) -> list[tuple[dict[str, str], HistogramSnapshot]]:
-    """Histogram snapshots per label set; an incomplete one (no +Inf, sum or count) is left out."""
+    """Histogram snapshots per label set; an incomplete one (no +Inf, sum or count) is left out,
+    and so is one with a bucket, sum or count that cannot be a count (counted in ``invalid``)."""
     buckets: dict[tuple[tuple[str, str], ...], list[tuple[float, float]]] = {}
     for s in by_name.get(fam + "_bucket", []):
         labels = {k: v for k, v in s.labels.items() if k != "le"}
@@ -159,6 +173,10 @@ def _histograms(
     for lk, pairs in buckets.items():
         pairs.sort()
         if pairs[-1][0] != math.inf or lk not in sums or lk not in counts:
+            continue
+        if not (is_count(sums[lk]) and is_count(counts[lk]) and all(is_count(c) for _, c in pairs)):
+            if invalid is not None:
+                invalid[f"histogram:{key}"] += 1
             continue
         out.append(
             (
@@ -182,10 +200,12 @@ def _label_number(v: str | None) -> float | None:
         x = float(v)
     except ValueError:  # "None", "", anything not a number: unknown, not guessed
         return None
-    return x if math.isfinite(x) else None
+    return x  # a number out of range is judged (and counted) by the caller
 
 
-def _apply_cache_config(infos: list[Sample], engines: dict[_Key, EngineSample]) -> None:
+def _apply_cache_config(
+    infos: list[Sample], engines: dict[_Key, EngineSample], invalid: Invalid
+) -> None:
     """``cache_config_info`` has no model_name: match on engine, else apply the only one."""
     if not infos:
         return
@@ -197,4 +217,7 @@ def _apply_cache_config(infos: list[Sample], engines: dict[_Key, EngineSample]) 
         if labels is None:
             continue
         for fieldname, label in CACHE_CONFIG_LABELS.items():
-            setattr(es, fieldname, _label_number(labels.get(label)))
+            x = _label_number(labels.get(label))
+            if x is not None:
+                x = sample_value(x, fieldname, ENGINE_RANGES, invalid)
+            setattr(es, fieldname, x)

@@ -49,7 +49,7 @@ def test_resident_tokens_come_from_the_real_vllm_cache_config(vllm_fixtures: Pat
         (vllm_fixtures / "metrics_after_load.prom").read_text(),
         name="after_load",
         instance="tiny-0",
-        default_ts=1000.0,
+        default_ts=1_700_000_000.0,
     )
     with open_store(":memory:") as store:
         store.append_engine_samples(recs.engine_samples)

@@ -16,7 +16,12 @@ from slokit.store.db import open_store
 
 
 def load_line(
-    i: int, *, ttft: float, slo_class: str = "interactive", status: str = "ok", t0: float = 1000.0
+    i: int,
+    *,
+    ttft: float,
+    slo_class: str = "interactive",
+    status: str = "ok",
+    t0: float = 1_700_000_000.0,
 ) -> dict[str, Any]:
     """One `slokit load` record: 21 output tokens, 20 ms per token after the first."""
     return {

@@ -54,20 +54,20 @@ def test_history_gpu_samples_per_timestamp(history):
 def test_instance_argument_names_the_replica_when_the_label_is_missing():
     text = (
         "# TYPE vllm:num_requests_waiting gauge\n"
-        'vllm:num_requests_waiting{model_name="m"} 5 100\n# EOF\n'
+        'vllm:num_requests_waiting{model_name="m"} 5 1700000000\n# EOF\n'
     )
     (es,) = parse_metrics_file(text, name="f.om", instance="pod-a").engine_samples
-    assert (es.replica, es.ts, es.waiting) == ("pod-a", 100.0, 5.0)
+    assert (es.replica, es.ts, es.waiting) == ("pod-a", 1700000000.0, 5.0)
 
 
 def test_instance_label_wins_over_the_argument():
-    text = 'vllm:num_requests_waiting{instance="x",model_name="m"} 5 100\n# EOF\n'
+    text = 'vllm:num_requests_waiting{instance="x",model_name="m"} 5 1700000000\n# EOF\n'
     (es,) = parse_metrics_file(text, name="f.om", instance="pod-a").engine_samples
     assert es.replica == "x"
 
 
 def test_no_instance_anywhere_is_badinput():
-    text = 'vllm:num_requests_waiting{model_name="m"} 5 100\n# EOF\n'
+    text = 'vllm:num_requests_waiting{model_name="m"} 5 1700000000\n# EOF\n'
     with pytest.raises(BadInput, match=r"^f\.om: .*instance"):
         parse_metrics_file(text, name="f.om")
 
@@ -79,9 +79,11 @@ def test_classic_text_with_millisecond_timestamps():
 
 
 def test_a_saved_scrape_without_timestamps_takes_default_ts(vllm_after_load):
-    recs = parse_metrics_file(vllm_after_load, name="after.prom", instance="r0", default_ts=7.0)
+    recs = parse_metrics_file(
+        vllm_after_load, name="after.prom", instance="r0", default_ts=1_700_000_007.0
+    )
     (es,) = recs.engine_samples
-    assert (es.ts, es.replica, es.preemptions_total) == (7.0, "r0", 33.0)
+    assert (es.ts, es.replica, es.preemptions_total) == (1_700_000_007.0, "r0", 33.0)
 
 
 def test_a_saved_scrape_without_timestamps_and_no_default_is_badinput(vllm_after_load):

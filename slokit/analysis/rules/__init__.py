@@ -1,6 +1,6 @@
 """Diagnostic rules, one module per rule id, registered by id.
 
-A rule is an object with ``id`` (a rule id from DESIGN.md), ``needs`` (the sources it reads:
+A rule is an object with ``id`` (a rule id of :data:`RULE_IDS`), ``needs`` (the sources it reads:
 ``requests``, ``spans``, ``engine``, ``gpu``; see :mod:`._context`) and
 ``evaluate(ctx) -> list[Finding]``. Modules register their rule with :func:`register`;
 :func:`all_rules` imports every module named in :data:`RULE_IDS`, so the set of rules is
@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from slokit.analysis.rules._context import DiagnoseContext
     from slokit.records import Finding
 
-#: The stable rule ids (DESIGN.md); each is a module of this package.
+#: The stable rule ids (public: docs/schema/diagnose.schema.json, docs/diagnose.md); each is
+#: a module of this package.
 RULE_IDS: tuple[str, ...] = (
     "queue_saturation",
     "prefill_saturation",
@@ -58,7 +59,7 @@ def register(cls: type[R]) -> type[R]:
     rule = cls()
     rule_id = rule.id  # type: ignore[attr-defined]
     if rule_id not in RULE_IDS:
-        raise ValueError(f"unknown rule id {rule_id!r}; add it to RULE_IDS and DESIGN.md")
+        raise ValueError(f"unknown rule id {rule_id!r}; add it to RULE_IDS and the diagnose schema")
     _REGISTRY[rule_id] = rule  # type: ignore[assignment]
     return cls
 

@@ -18,6 +18,10 @@ after the baseline (``detect_since``); rules about physical limits look at the w
 
 Rows with no replica (client-only records) are grouped under the replica ``""``; rules
 report them as the fleet (``replica=None``).
+
+Values outside the plausible range of :mod:`slokit.sources.validate` (NaN, infinities, a
+counter past 2**53, a negative latency: stored before validation existed, or by another
+writer) are read as NULL, a missing fact, so no rule computes with them.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from typing import Any
 
 import duckdb
 import pandas as pd
+
+from slokit.sources.validate import MAX_COUNT, MAX_DURATION_S, MAX_RATIO, MAX_TOKENS
 
 #: Sources a rule may need. ``spans`` means requests carrying vLLM's own timing split
 #: (queue/prefill/decode from the ``llm_request`` span), not just client timings.
@@ -47,6 +53,39 @@ _COUNTERS: tuple[tuple[str, str], ...] = (
     ("spec_decode_draft_tokens_total", "spec_draft_tokens"),
     ("spec_decode_accepted_tokens_total", "spec_accepted"),
 )
+
+
+def _sane(column: str, lo: float, hi: float) -> str:
+    """SQL: ``column`` where it lies in [lo, hi], else NULL (NaN and infinities included)."""
+    return f"CASE WHEN {column} BETWEEN {lo!r} AND {hi!r} THEN {column} END"
+
+
+_COUNT = (0.0, MAX_COUNT)
+#: ``requests`` with implausible values read as NULL (DuckDB's ``* REPLACE``).
+REQUESTS = (
+    "(SELECT * REPLACE ("
+    + ", ".join(
+        f"{_sane(c, 0.0, MAX_DURATION_S)} AS {c}"
+        for c in ("ttft_s", "client_ttft_s", "tpot_s", "e2e_s", "client_e2e_s", "queue_s",
+                  "prefill_s", "decode_s", "gateway_e2e_s")
+    )
+    + ", "
+    + ", ".join(
+        f"{_sane(c, 0, MAX_TOKENS)} AS {c}" for c in ("prompt_tokens", "output_tokens")
+    )
+    + ") FROM requests)"
+)  # fmt: skip
+#: ``gpu_samples`` likewise.
+GPU_SAMPLES = (
+    "(SELECT * REPLACE ("
+    + ", ".join(
+        f"{_sane(c, *r)} AS {c}"
+        for c, r in (("util_ratio", (0.0, MAX_RATIO)), ("sm_clock_mhz", _COUNT),
+                     ("power_w", _COUNT), ("temperature_c", (-273.15, MAX_COUNT)),
+                     ("xid_last", _COUNT))
+    )
+    + ") FROM gpu_samples)"
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -222,7 +261,7 @@ def request_summary(
     if replica is not None:
         where += " AND coalesce(replica, '') = ?"
         params.append(replica)
-    cur = con.execute(f"SELECT {_summary_select()} FROM requests WHERE {where}", params)
+    cur = con.execute(f"SELECT {_summary_select()} FROM {REQUESTS} WHERE {where}", params)
     row = cur.fetchone()
     names = [d[0] for d in cur.description or []]
     assert row is not None
@@ -238,7 +277,7 @@ def request_summaries(
     cur = con.execute(
         f"""
         SELECT coalesce(replica, '') AS _replica, {_summary_select()}
-        FROM requests WHERE arrival_ts >= to_timestamp(?) AND arrival_ts < to_timestamp(?)
+        FROM {REQUESTS} WHERE arrival_ts >= to_timestamp(?) AND arrival_ts < to_timestamp(?)
         GROUP BY ALL
         """,
         [since, until],
@@ -312,7 +351,7 @@ def _request_buckets(
                avg(prompt_tokens) AS prompt_mean,
                count(queue_s) AS n_timed,
                min(epoch(arrival_ts)) AS first_t, max(epoch(arrival_ts)) AS last_t
-        FROM requests
+        FROM {REQUESTS}
         WHERE arrival_ts >= to_timestamp(?) AND arrival_ts < to_timestamp(?)
         GROUP BY ALL ORDER BY replica, bucket
         """,
@@ -325,12 +364,12 @@ def _finished_buckets(
 ) -> pd.DataFrame:
     return _frame(
         con,
-        """
+        f"""
         SELECT coalesce(replica, '') AS replica,
                CAST(floor((epoch(finish_ts) - ?) / ?) AS BIGINT) AS bucket,
                count(*) FILTER (WHERE status = 'ok') AS completed,
                sum(output_tokens) FILTER (WHERE status = 'ok') AS output_tokens
-        FROM requests
+        FROM {REQUESTS}
         WHERE finish_ts >= to_timestamp(?) AND finish_ts < to_timestamp(?)
         GROUP BY ALL ORDER BY replica, bucket
         """,
@@ -345,20 +384,26 @@ def _engine_buckets(
     bucket_s: float,
     lookback_s: float,
 ) -> pd.DataFrame:
+    # A sample whose counter is missing (not scraped, or not plausible) is skipped: the
+    # increase across it is counted at the next sample that has the counter.
     deltas = ",\n".join(
-        f"CASE WHEN lag({c}) OVER w IS NULL OR {c} IS NULL THEN NULL "
-        f"WHEN {c} < lag({c}) OVER w THEN {c} ELSE {c} - lag({c}) OVER w END AS d_{n}"
+        f"CASE WHEN lag({c} IGNORE NULLS) OVER w IS NULL OR {c} IS NULL THEN NULL "
+        f"WHEN {c} < lag({c} IGNORE NULLS) OVER w THEN {c} "
+        f"ELSE {c} - lag({c} IGNORE NULLS) OVER w END AS d_{n}"
         for c, n in _COUNTERS
     )
-    resets = " OR ".join(f"{c} < lag({c}) OVER w" for c, _ in _COUNTERS)
+    resets = " OR ".join(f"{c} < lag({c} IGNORE NULLS) OVER w" for c, _ in _COUNTERS)
     sums = ",\n".join(f"sum(d_{n}) AS {n}" for _, n in _COUNTERS)
     sums_ts = ",\n".join(f"sum(d_{n}) AS d_{n}" for _, n in _COUNTERS)
+    sane = ", ".join(
+        f"{_sane(c, *(_COUNT if c != 'kv_usage_ratio' else (0.0, MAX_RATIO)))} AS {c}"
+        for c in ("running", "waiting", "kv_usage_ratio", *(c for c, _ in _COUNTERS))
+    )
     return _frame(
         con,
         f"""
         WITH pts AS (
-            SELECT replica, model, coalesce(engine, '') AS engine, epoch(ts) AS t, running,
-                   waiting, kv_usage_ratio, {", ".join(c for c, _ in _COUNTERS)}
+            SELECT replica, model, coalesce(engine, '') AS engine, epoch(ts) AS t, {sane}
             FROM engine_samples
             WHERE ts >= to_timestamp(?) AND ts < to_timestamp(?)
             -- Two samples of one engine at one instant (files stamped alike): keep the later
@@ -400,7 +445,7 @@ def _gpu_buckets(
 ) -> pd.DataFrame:
     return _frame(
         con,
-        """
+        f"""
         SELECT coalesce(replica, coalesce(node, '') || '/' || gpu) AS replica,
                CAST(floor((epoch(ts) - ?) / ?) AS BIGINT) AS bucket,
                count(*) AS samples,
@@ -414,7 +459,7 @@ def _gpu_buckets(
                    AS xids,
                list(DISTINCT gpu) AS gpus,
                min(epoch(ts)) AS first_t, max(epoch(ts)) AS last_t
-        FROM gpu_samples
+        FROM {GPU_SAMPLES}
         WHERE ts >= to_timestamp(?) AND ts < to_timestamp(?)
         GROUP BY ALL ORDER BY replica, bucket
         """,

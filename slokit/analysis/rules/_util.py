@@ -60,6 +60,19 @@ def rnd(v: Any, digits: int = 4) -> float | None:
     return None if f is None else round(f, digits)
 
 
+def whole(v: Any) -> int | None:
+    """``v`` rounded to an int, or None when it is not a finite number."""
+    f = num(v)
+    return None if f is None else round(f)
+
+
+def items(values: Any) -> list[Any]:
+    """The elements of a list column's cell (a numpy array, a list, or None/NA)."""
+    if values is None or isinstance(values, float):
+        return []
+    return list(values)
+
+
 def clamp01(v: float) -> float:
     return max(0.0, min(1.0, v))
 

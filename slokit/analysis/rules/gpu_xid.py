@@ -9,7 +9,16 @@ from __future__ import annotations
 
 from slokit.analysis.rules import register
 from slokit.analysis.rules._context import DiagnoseContext
-from slokit.analysis.rules._util import fmt_pct, make_finding, num, on, ratio, rnd, rows_of
+from slokit.analysis.rules._util import (
+    fmt_pct,
+    items,
+    make_finding,
+    num,
+    on,
+    ratio,
+    rnd,
+    rows_of,
+)
 from slokit.records import Finding
 
 #: XID codes and what they mean (NVIDIA's XID catalogue); critical ones need a drain/reset.
@@ -48,8 +57,8 @@ class GpuXid:
                 continue
             start = ctx.bucket_start(int(hit["bucket"].min()))
             end = ctx.bucket_end(int(hit["bucket"].max()))
-            codes = sorted({int(x) for xs in hit["xids"] for x in (xs or [])})
-            gpus = sorted({str(g) for gs in hit["gpus"] for g in (gs or [])})
+            codes = sorted({int(x) for xs in hit["xids"] for x in items(xs) if num(x) is not None})
+            gpus = sorted({str(g) for gs in hit["gpus"] for g in items(gs)})
             meanings = {
                 c: XID_MEANING.get(c, ("see NVIDIA's XID catalogue", "critical")) for c in codes
             }

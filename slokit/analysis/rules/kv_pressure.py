@@ -21,8 +21,10 @@ from slokit.analysis.rules._util import (
     on,
     rnd,
     series,
+    whole,
 )
 from slokit.records import Finding
+from slokit.sources.validate import MAX_COUNT
 from slokit.store import queries as q
 
 
@@ -53,7 +55,11 @@ class KvPressure:
                 since=start - o.bucket_s,
                 until=end,
             )
-            preemptions = num(pre["increase"]) or num(flagged["preemptions"].sum()) or 0.0
+            # The raw counter (a value past MAX_COUNT cannot be real: read it as unknown).
+            increase = num(pre["increase"])
+            if increase is not None and not 0 <= increase <= MAX_COUNT:
+                increase = None
+            preemptions = increase or num(flagged["preemptions"].sum()) or 0.0
             ep_eng = in_span(ctx, eng, start, end)
             kv_peak = num(ep_eng["kv_max"].max()) or 0.0
             kv_mean = num(ep_eng["kv_mean"].mean())
@@ -77,8 +83,9 @@ class KvPressure:
                 "preemptions_series": series(ctx, eng, "preemptions"),
             }
             recompute = self._recompute(ctx, replica, start, end, preemptions)
+            recompute = num(recompute)
             if recompute is not None:
-                evidence["recompute_tokens_estimate"] = round(recompute)
+                evidence["recompute_tokens_estimate"] = whole(recompute)
                 summary += f"; ~{recompute:,.0f} tokens recomputed"
             if ctx.has("spans"):
                 waits = ctx.request_summary(replica, start, end)

@@ -16,7 +16,7 @@ import pandas as pd
 
 from slokit.analysis.rules import NotApplicable, register
 from slokit.analysis.rules._context import DiagnoseContext
-from slokit.analysis.rules._util import fmt_pct, make_finding, num, ratio, rnd, series
+from slokit.analysis.rules._util import fmt_pct, make_finding, num, ratio, rnd, series, whole
 from slokit.records import Finding
 
 
@@ -109,7 +109,7 @@ class PrefixAffinityLoss:
                     "replicas_baseline": base_replicas,
                     "replicas_after": after_replicas,
                     "scale_out": scale_out,
-                    "extra_prefill_tokens": round(lost_tokens),
+                    "extra_prefill_tokens": whole(lost_tokens),
                     "per_replica": per_replica,
                     "hit_ratio_series": series(ctx, fleet, "hit_ratio"),
                     "replicas_series": series(ctx, fleet, "replicas"),

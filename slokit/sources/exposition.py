@@ -4,8 +4,10 @@ Two entry points:
 
 - :func:`parse_exposition` reads one scrape (what a ``/metrics`` endpoint answers) with
   prometheus_client's parsers, then applies the checks that parser leaves out (duplicate
-  series, NaN or negative counters, unparseable ``le``). Any rejection raises
-  :class:`~slokit.errors.BadInput` naming the line; the caller drops the scrape whole.
+  series, unparseable ``le``). Any rejection raises :class:`~slokit.errors.BadInput` naming
+  the line; the caller drops the scrape whole. Prometheus text as vLLM and dcgm-exporter
+  write it takes :mod:`.fastparse` (same families, several times faster); anything that
+  parser does not replicate exactly goes to prometheus_client whole.
 - :func:`parse_openmetrics_history` reads recorded history: OpenMetrics with ``# EOF`` whose
   samples carry timestamps in seconds, the format that
   ``promtool tsdb create-blocks-from openmetrics`` reads. prometheus_client 0.26 rejects a
@@ -14,6 +16,11 @@ Two entry points:
 
 Sample timestamps are always epoch seconds here: the classic text format writes
 milliseconds (prometheus_client divides by 1000), OpenMetrics writes seconds.
+
+Sample *values* are not judged here: NaN, +-Inf, 1e308 or a negative counter are valid
+exposition (Prometheus stores them). The consumers that map series to fields
+(:mod:`.vllm_metrics`, :mod:`.dcgm`) turn a value outside its field's range into a missing
+fact and count it (:mod:`.validate`), so one odd series never costs the rest of the scrape.
 """
 
 from __future__ import annotations
@@ -24,11 +31,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from slokit.errors import BadInput
-
-#: In families of these types, samples with these suffixes are counts: never NaN or negative.
-#: (A gauge that happens to be called ``*_count`` is left alone.)
-_COUNTING_TYPES = frozenset({"counter", "histogram", "summary"})
-_COUNTER_LIKE = ("_total", "_bucket", "_count")
 
 
 @dataclass(slots=True, frozen=True)
@@ -92,10 +94,14 @@ class _LineCounter:
         return self._lines[lineno - 1]
 
 
-def parse_exposition(data: str | bytes, *, openmetrics: bool | None = None) -> list[MetricFamily]:
+def parse_exposition(
+    data: str | bytes, *, openmetrics: bool | None = None, fast: bool = True
+) -> list[MetricFamily]:
     """Parse one scrape into families; raise :class:`BadInput` (with the line) if malformed.
 
     ``openmetrics=None`` picks the OpenMetrics parser when the text ends with ``# EOF``.
+    Prometheus text goes through :mod:`.fastparse` first, which gives prometheus_client's
+    result or hands the whole text to prometheus_client (``fast=False``: always).
     """
     text = _decode(data)
     if "\x00" in text:
@@ -109,6 +115,12 @@ def parse_exposition(data: str | bytes, *, openmetrics: bool | None = None) -> l
     if om:
         from prometheus_client.openmetrics.parser import text_fd_to_metric_families
     else:
+        if fast:
+            from slokit.sources.fastparse import parse_text
+
+            fast_families = parse_text(text)
+            if fast_families is not None:
+                return fast_families
         from prometheus_client.parser import text_fd_to_metric_families
 
     counter = _LineCounter(text)
@@ -141,7 +153,7 @@ def parse_exposition(data: str | bytes, *, openmetrics: bool | None = None) -> l
 
 
 def _check(families: list[MetricFamily], counter: _LineCounter) -> None:
-    """The checks prometheus_client's parsers skip: duplicates, NaN/negative counts, ``le``."""
+    """The checks prometheus_client's parsers skip: duplicate series and histogram ``le``."""
     lines = counter.sample_lines
     n_samples = sum(len(f.samples) for f in families)
     seen: set[tuple[str, tuple[tuple[str, str], ...], float | None]] = set()
@@ -158,13 +170,6 @@ def _check(families: list[MetricFamily], counter: _LineCounter) -> None:
             if key in seen:
                 raise BadInput(f"line {lineno}: duplicate series {s.name}{_fmt_labels(s.labels)}")
             seen.add(key)
-            if fam.type in _COUNTING_TYPES and (
-                s.name.endswith(_COUNTER_LIKE) or s.name == fam.name + "_sum"
-            ):
-                if math.isnan(s.value):
-                    raise BadInput(f"line {lineno}: {s.name} is NaN (a count cannot be)")
-                if s.value < 0 and not s.name.endswith("_sum"):
-                    raise BadInput(f"line {lineno}: {s.name} is negative (a count cannot be)")
             if fam.type == "histogram" and s.name == fam.name + "_bucket":
                 le = s.labels.get("le")
                 try:
@@ -289,12 +294,6 @@ def parse_openmetrics_history(data: str | bytes) -> list[MetricFamily]:
             families[fam_name] = MetricFamily(name=fam_name, type="unknown")
             sample_family[name] = fam_name
         fam = families[fam_name]
-        if (
-            fam.type in _COUNTING_TYPES
-            and name.endswith(_COUNTER_LIKE)
-            and (math.isnan(value) or value < 0)
-        ):
-            raise BadInput(f"line {lineno}: {name} is {value} (a count cannot be)")
         if fam.type in ("histogram", "gaugehistogram") and name == fam_name + "_bucket":
             le = labels.get("le")
             if le is None or math.isnan(_parse_number(le, lineno, "le")):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 
@@ -31,14 +30,15 @@ class SidecarClient:
             raise SlokitError(f"sidecar at {self._http.base_url} unreachable: {exc}") from None
         if resp.status_code == 404:
             raise NotFound(resp.json().get("error", "not found") if resp.content else "not found")
-        if resp.status_code == 400:
+        if resp.status_code in (400, 413, 414):
             raise BadInput(resp.text)
         if resp.status_code != 200:
             raise SlokitError(f"sidecar answered {resp.status_code}: {resp.text[:200]}")
         return resp.json()
 
     def explain(self, request_id: str) -> dict[str, Any]:
-        return self._get(f"/api/explain/{quote(request_id, safe='')}")
+        # the query form carries any id ("..", "a/b", "{x}") the way it was given
+        return self._get("/api/explain", {"id": request_id})
 
     def diagnose(self, since: str | None = None, until: str | None = None) -> dict[str, Any]:
         params = {k: v for k, v in (("since", since), ("until", until)) if v}

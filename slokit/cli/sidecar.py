@@ -61,6 +61,9 @@ from slokit.cli._common import handle_errors
 @click.option("--token", help="Bearer token required by every endpoint but the probes "
               "(required when listening beyond loopback).")  # fmt: skip
 @click.option("--forward-otlp", metavar="URL", help="Forward received spans to this OTLP/HTTP URL.")
+@click.option("--forward-content/--no-forward-content", default=None,
+              help="Forward prompt/completion content too (stripped by default; never "
+              "stored).")  # fmt: skip
 @click.option("--parquet-dir", metavar="DIR", help="Export closed hours as hive Parquet here.")
 @click.option(
     "--log-level",
@@ -74,13 +77,17 @@ def command(config_file: str | None, log_level: str, **flags: Any) -> None:
 
     Binds 127.0.0.1 by default; any other address needs --token.
     """
+    from slokit.sidecar import lograte
     from slokit.sidecar.config import load_config
     from slokit.sidecar.runner import run
 
+    config = load_config(config_file, flags=flags).validate()  # a bad value: exit 2, one line
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    # A line repeated by a flood (bad requests, accept() errors) is logged a few times per
+    # window, then counted: nothing a client does can fill the disk.
+    lograte.install(logging.getLogger().handlers)
     # httpx logs every scrape at INFO: one line per target per second drowns the sidecar's own.
     if logging.getLogger().level > logging.DEBUG:
         logging.getLogger("httpx").setLevel(logging.WARNING)
-    config = load_config(config_file, flags=flags)
     run(config)

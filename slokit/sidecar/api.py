@@ -3,6 +3,11 @@
 Reads run in worker threads on their own DuckDB cursor (the writer keeps the connection), so
 a slow query never stalls ingest. ``/healthz`` and ``/readyz`` are open; everything else
 needs the bearer token when one is configured.
+
+Bad input is a JSON ``{"error": ...}`` with 400 (malformed), 404 (not found, unknown path),
+405, 413 (body too large), 414 (request id too long) or 415, never a 500. A request id is
+looked up as ``/api/explain/<id>`` (percent-encoded; any character, ``/`` included) or
+``/api/explain?id=<id>``.
 """
 
 from __future__ import annotations
@@ -10,27 +15,65 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
+from aiohttp.web_protocol import RequestPayloadError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from slokit.analysis.slo_spec import SloSpec
 from slokit.errors import BadInput, NotFound
+from slokit.ids import MAX_REQUEST_ID_CHARS, candidate_ids, checked_request_id
 from slokit.sidecar.metrics import SidecarMetrics
 from slokit.sidecar.otlp_http import bearer_auth
 from slokit.sidecar.writer import QueueFull, Writer, WriterStopped
 from slokit.store.db import Store
-from slokit.timeutil import parse_time
+from slokit.timeutil import iso, parse_time
 
 log = logging.getLogger("slokit.sidecar.api")
 
 MAX_FEEDBACK_BYTES = 4 * 1024 * 1024
+#: The API's request line may be this long: a request id of MAX_REQUEST_ID_CHARS characters
+#: fits percent-encoded, and a longer one (up to about 10,000 bytes) still reaches the handler,
+#: which answers 414 with the limit instead of aiohttp's bare "line too long".
+MAX_LINE_BYTES = 32 * 1024
+#: Times the API accepts: Unix seconds from 1970 to the end of year 9999.
+_MAX_TS = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
     return web.json_response({"error": message}, status=status, headers=headers)
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """aiohttp's own answers (unknown path, wrong method, body too large) as JSON errors."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        headers = {k: v for k, v in exc.headers.items() if k.lower() in ("allow", "retry-after")}
+        text = exc.text or ""
+        default = not text or text.startswith(f"{exc.status}:")  # "404: Not Found"
+        return _error(exc.status, exc.reason if default else text, headers)
+
+
+def _bound(name: str, raw: str, newest: float | None) -> float:
+    """``since``/``until`` as epoch seconds: BadInput unless finite and within 1970..9999."""
+    if len(raw) > 64:
+        raise BadInput(f"{name}: not a time ({len(raw)} characters)")
+    ts = parse_time(raw, newest)
+    if not math.isfinite(ts) or not 0 <= ts <= _MAX_TS:
+        raise BadInput(
+            f"{name}={raw!r} is out of range: expected ISO 8601, Unix seconds from 1970 to "
+            "9999, or a duration such as 15m"
+        )
+    return ts
 
 
 class Api:
@@ -52,12 +95,14 @@ class Api:
         self.ack_timeout_s = ack_timeout_s
 
     def app(self, token: str | None = None) -> web.Application:
-        app = web.Application(client_max_size=MAX_FEEDBACK_BYTES, middlewares=[bearer_auth(token)])
+        app = web.Application(client_max_size=MAX_FEEDBACK_BYTES,
+                              middlewares=[json_errors, bearer_auth(token)])  # fmt: skip
         r = app.router
         r.add_get("/metrics", self.metrics_handler)
         r.add_get("/healthz", self.healthz)
         r.add_get("/readyz", self.readyz)
-        r.add_get("/api/explain/{request_id}", self.explain)
+        r.add_get("/api/explain/{request_id:.+}", self.explain)
+        r.add_get("/api/explain", self.explain)
         r.add_get("/api/diagnose", self.diagnose)
         r.add_post("/v1/feedback", self.feedback)
         return app
@@ -83,10 +128,19 @@ class Api:
         return web.json_response({"status": "ok"})
 
     async def readyz(self, request: web.Request) -> web.Response:
-        checks = {"writer": self.writer.alive, "store": self._store_open()}
+        """200 when the sidecar takes data; else 503 and ``reason``, e.g. the storage fault
+        (disk full, I/O error) that fails its writes, until a write succeeds again."""
+        fault = self.store.storage_error
+        checks = {"writer": self.writer.alive, "store": self._store_open(), "storage": not fault}
         checks["started"] = self.ready()
         ok = all(checks.values())
-        return web.json_response({"ready": ok, **checks}, status=200 if ok else 503)
+        doc: dict[str, Any] = {"ready": ok, **checks}
+        if not ok:
+            doc["reason"] = (
+                f"writes are failing: {fault}" if fault
+                else "; ".join(f"{k} not ready" for k, v in checks.items() if not v)
+            )  # fmt: skip
+        return web.json_response(doc, status=200 if ok else 503)
 
     def _store_open(self) -> bool:
         try:
@@ -100,8 +154,14 @@ class Api:
     async def explain(self, request: web.Request) -> web.Response:
         from slokit.analysis.explain import explain_request
 
-        rid = request.match_info["request_id"]
+        rid = request.match_info.get("request_id", request.query.get("id"))
+        if rid is None:
+            return _error(400, "which request? /api/explain/<id> or /api/explain?id=<id>")
+        if min(len(c) for c in candidate_ids(rid) or [rid]) > MAX_REQUEST_ID_CHARS:
+            return _error(414, f"request id of {len(rid)} characters: request ids are at most "
+                               f"{MAX_REQUEST_ID_CHARS} characters")  # fmt: skip
         try:
+            checked_request_id(rid)
             doc = await self._read(lambda con: explain_request(con, rid, spec=self.spec))
         except NotFound as exc:
             return _error(404, str(exc))
@@ -117,11 +177,26 @@ class Api:
         def run(con: Any) -> Any:
             since = until = None
             if since_raw or until_raw:
+                from slokit.analysis.rules._context import data_bounds
                 from slokit.store.queries import data_span
 
                 newest = data_span(con)[1]
-                since = parse_time(since_raw, newest) if since_raw else None
-                until = parse_time(until_raw, newest) if until_raw else None
+                since = _bound("since", since_raw, newest) if since_raw else None
+                until = _bound("until", until_raw, newest) if until_raw else None
+                if since is not None and until is not None and until <= since:
+                    raise BadInput(f"empty window: since={since_raw!r} is not before "
+                                   f"until={until_raw!r}")  # fmt: skip
+                lo, hi = data_bounds(con)
+                if lo is not None and hi is not None:
+                    # Beyond the data a window holds nothing, yet diagnosing 50 empty years
+                    # would take minutes: keep the window to the data.
+                    if (since is not None and since > hi) or (until is not None and until < lo):
+                        asked = " ".join(f"{k} {iso(v)}" for k, v in (("since", since),
+                                         ("until", until)) if v is not None)  # fmt: skip
+                        raise NotFound(f"no data in the window ({asked}): the store holds "
+                                       f"{iso(lo)} .. {iso(hi)}")  # fmt: skip
+                    since = max(since, lo) if since is not None else None
+                    until = min(until, hi) if until is not None else None
             return diagnose(con, since=since, until=until)
 
         try:
@@ -137,19 +212,28 @@ class Api:
         from slokit.sources.files import parse_quality
 
         try:
-            doc = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return _error(400, "body must be JSON: [{request_id, quality_pass}] or one object")
+            body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return _error(413, f"body over {MAX_FEEDBACK_BYTES} bytes")
+        except RequestPayloadError as exc:  # broken framing, undecodable Content-Encoding
+            return _error(400, f"malformed request body: {exc}")
+        try:
+            doc = json.loads(body)
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, a 5,000-digit number, ...
+            return _error(400, "body must be JSON: [{request_id, quality_pass}] or one object")
         rows = doc if isinstance(doc, list) else [doc]
         if not rows or not all(isinstance(r, dict) for r in rows):
             return _error(400, "expected objects with request_id and quality_pass")
-        lines = "\n".join(json.dumps(r) for r in rows)
         try:
+            for r in rows:
+                if isinstance(r.get("request_id"), str):
+                    checked_request_id(r["request_id"]).encode("utf-8")
+            lines = "\n".join(json.dumps(r) for r in rows)
             frags = parse_quality(lines, name="feedback")
         except BadInput as exc:
             return _error(400, str(exc))
+        except (ValueError, RecursionError):  # a lone surrogate; nesting json cannot re-encode
+            return _error(400, "request_id must be text without lone surrogates")
         try:
             fut = self.writer.submit("fragments", frags)
             await asyncio.wait_for(asyncio.wrap_future(fut), self.ack_timeout_s)

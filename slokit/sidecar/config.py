@@ -2,17 +2,23 @@
 
 Keys (YAML and flags share names; env is ``SLOKIT_`` + upper-case key, lists comma-separated):
 ``vllm_urls``, ``dcgm_urls``, ``nvml``, ``otlp_http``, ``otlp_grpc``, ``listen``, ``db``,
-``slo``, ``replica``, ``scrape_interval_s``, ``token``, ``forward_otlp``, ``parquet_dir``,
-``max_body_bytes``, ``queue_capacity``, ``batch_max``, ``batch_linger_s``, ``sli_grace_s``,
-``sli_interval_s``, ``diagnose_interval_s``, ``ack_timeout_s``, ``scrape_timeout_s``,
-``db_memory_limit``.
+``slo``, ``replica``, ``scrape_interval_s``, ``token``, ``forward_otlp``, ``forward_content``,
+``parquet_dir``, ``max_body_bytes``, ``queue_capacity``, ``batch_max``, ``batch_linger_s``,
+``sli_grace_s``, ``sli_interval_s``, ``diagnose_interval_s``, ``ack_timeout_s``,
+``scrape_timeout_s``, ``db_memory_limit``, ``scrape_sample_limit``, ``scrape_body_limit_bytes``,
+``metrics_max_models``, ``metrics_max_replicas``, ``metrics_allow_models``,
+``metrics_allow_replicas``, ``metrics_max_series`` (docs/metrics.md).
+Connection hygiene: ``header_timeout_s``, ``body_timeout_s``, ``idle_timeout_s``,
+``api_max_connections``, ``otlp_max_connections`` (docs/sidecar.md).
 A vLLM or dcgm URL may be given as ``NAME=URL`` to name its replica.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
+import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -52,6 +58,7 @@ class SidecarConfig:
     scrape_timeout_s: float | None = None  # default: 80% of the interval
     token: str | None = None
     forward_otlp: str | None = None
+    forward_content: bool = False  # forward prompt/completion content (never stored)
     parquet_dir: str | None = None
     max_body_bytes: int = 64 * 1024 * 1024
     queue_capacity: int = 100_000
@@ -60,8 +67,21 @@ class SidecarConfig:
     db_memory_limit: str | None = "128MB"  # DuckDB's buffer pool bound (None: DuckDB's default)
     sli_grace_s: float = 30.0
     sli_interval_s: float = 5.0
-    diagnose_interval_s: float = 30.0
+    diagnose_interval_s: float = 30.0  # periodic findings; 0: off (pandas never loads)
     ack_timeout_s: float = 30.0
+    # connection hygiene (each HTTP listener; OTLP/gRPC where grpcio has the knob)
+    header_timeout_s: float = 10.0  # a request's headers must be complete within this
+    body_timeout_s: float = 30.0  # a request body that stalls this long is dropped
+    idle_timeout_s: float = 75.0  # keep-alive connections idle this long are closed
+    api_max_connections: int = 128  # open connections on the API listener (9464)
+    otlp_max_connections: int = 256  # on each OTLP listener (4318, 4317)
+    scrape_sample_limit: int = 10_000  # more samples fail a scrape whole (0: no limit)
+    scrape_body_limit_bytes: int = 16 * 1024 * 1024  # reading a scrape stops past this
+    metrics_max_models: int = 100  # top-N model label values exported, the rest "other"
+    metrics_max_replicas: int = 100
+    metrics_allow_models: tuple[str, ...] = ()  # when set: only these, the rest "other"
+    metrics_allow_replicas: tuple[str, ...] = ()
+    metrics_max_series: int = 10_000  # series of slokit_requests_total + output_tokens
 
     # -- derived ---------------------------------------------------------------------------
     @property
@@ -96,8 +116,24 @@ class SidecarConfig:
         """Check values; a non-loopback listener without a token is refused."""
         if self.scrape_interval_s <= 0:
             raise BadInput(f"scrape interval must be > 0, got {self.scrape_interval_s}")
+        if not math.isfinite(self.diagnose_interval_s) or self.diagnose_interval_s < 0:
+            raise BadInput(f"diagnose_interval_s must be >= 0 (0: off), "
+                           f"got {self.diagnose_interval_s}")  # fmt: skip
         if self.max_body_bytes <= 0 or self.queue_capacity <= 0:
             raise BadInput("max_body_bytes and queue_capacity must be > 0")
+        for key in ("header_timeout_s", "body_timeout_s", "idle_timeout_s"):
+            v = getattr(self, key)
+            if not math.isfinite(v) or v <= 0:
+                raise BadInput(f"{key} must be a number of seconds > 0, got {v}")
+        for key in ("api_max_connections", "otlp_max_connections"):
+            if getattr(self, key) < MIN_CONNECTIONS:
+                raise BadInput(f"{key} must be >= {MIN_CONNECTIONS}, got {getattr(self, key)}")
+        if self.token is not None:
+            check_token(self.token)
+        if self.scrape_sample_limit < 0 or self.scrape_body_limit_bytes <= 0:
+            raise BadInput("scrape_sample_limit must be >= 0, scrape_body_limit_bytes > 0")
+        if min(self.metrics_max_models, self.metrics_max_replicas, self.metrics_max_series) < 1:
+            raise BadInput("metrics_max_models, _replicas and _series must be >= 1")
         for addr in self.endpoints():
             host, _ = split_host_port(addr)
             if not is_loopback(host) and not self.token:
@@ -110,6 +146,23 @@ class SidecarConfig:
             if not t.startswith(("http://", "https://")):
                 raise BadInput(f"scrape target must be an http(s) URL, got {url!r}")
         return self
+
+
+#: The least connections a listener may be capped at (probes need room beside clients).
+MIN_CONNECTIONS = 8
+_TOKEN_CHARS = re.compile(r"[\x21-\x7e]+")
+
+
+def check_token(token: str) -> None:
+    """Refuse a bearer token that is blank or could not travel in an HTTP header as sent
+    (``Authorization: Bearer <token>``): whitespace, control or non-ASCII characters."""
+    if not token.strip():
+        raise BadInput("the bearer token is blank: pass a real secret with --token or SLOKIT_TOKEN")
+    if not _TOKEN_CHARS.fullmatch(token):
+        raise BadInput(
+            "the bearer token may hold only visible ASCII characters (no spaces, control or "
+            "non-ASCII characters): it travels in the Authorization header"
+        )
 
 
 def _host_port(url: str) -> str:
@@ -134,7 +187,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-_LISTS = {"vllm_urls", "dcgm_urls"}
+_LISTS = {"vllm_urls", "dcgm_urls", "metrics_allow_models", "metrics_allow_replicas"}
 #: Receivers that an empty value ("" flag or env, null in YAML) turns off.
 _OPTIONAL = {"otlp_http", "otlp_grpc"}
 _FIELDS = {f.name: f for f in fields(SidecarConfig)}

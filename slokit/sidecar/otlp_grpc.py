@@ -4,14 +4,19 @@ vLLM's default export protocol. The method takes raw bytes and decodes them itse
 undecodable data is INVALID_ARGUMENT (not a gRPC internal error) and the bytes can be
 forwarded unchanged. Overload is UNAVAILABLE (retryable per the OTLP spec). gRPC's own gzip
 compression is handled by grpcio. Needs ``grpcio`` (``pip install 'slokit[otlp-grpc]'``).
+
+Connection hygiene comes from grpc core's server options (:func:`server_options`): a cap on
+connections, the HTTP/2 handshake within the header timeout, idle connections closed,
+connections recycled, concurrent streams and metadata bounded, and client pings policed.
 """
 
 from __future__ import annotations
 
-import hmac
 from typing import Any
 
 from slokit.errors import BadInput
+from slokit.sidecar.connections import Limits
+from slokit.sidecar.otlp_http import bearer_matches
 from slokit.sidecar.otlp_ingest import THREAD_DECODE_BYTES, OtlpIngest, Overloaded
 from slokit.sources.otlp import decode_message, parse_request
 
@@ -30,10 +35,42 @@ def _grpc() -> Any:
     return grpc
 
 
+#: Concurrent RPCs per connection (an exporter needs a handful).
+MAX_CONCURRENT_STREAMS = 100
+#: Connections are recycled after this long (with a grace for RPCs in flight).
+MAX_CONNECTION_AGE_S = 3600.0
+
+
+def server_options(max_receive_bytes: int, limits: Limits) -> list[tuple[str, int]]:
+    """grpc core's server arguments for ``limits`` (names as in grpc_types.h)."""
+    ms = lambda s: max(1, int(s * 1000))  # noqa: E731
+    return [
+        ("grpc.max_receive_message_length", max_receive_bytes),
+        ("grpc.max_send_message_length", 4 * 1024 * 1024),
+        ("grpc.max_allowed_incoming_connections", limits.max_connections),
+        # a connection that has not finished the HTTP/2 preface and SETTINGS in time is closed
+        ("grpc.server_handshake_timeout_ms", ms(limits.header_timeout_s)),
+        ("grpc.max_connection_idle_ms", ms(limits.idle_timeout_s)),
+        ("grpc.max_connection_age_ms", ms(MAX_CONNECTION_AGE_S)),
+        ("grpc.max_connection_age_grace_ms", ms(limits.body_timeout_s)),
+        ("grpc.max_concurrent_streams", MAX_CONCURRENT_STREAMS),
+        ("grpc.max_metadata_size", 16 * 1024),
+        # the server pings a silent peer, and drops it when the ping is not answered
+        ("grpc.keepalive_time_ms", ms(limits.idle_timeout_s)),
+        ("grpc.keepalive_timeout_ms", ms(min(20.0, limits.body_timeout_s))),
+        # clients may ping every 10 s at most (more is a ping flood: GOAWAY)
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        ("grpc.http2.max_ping_strikes", 2),
+    ]
+
+
 class OtlpGrpcReceiver:
-    def __init__(self, ingest: OtlpIngest, token: str | None = None) -> None:
+    def __init__(
+        self, ingest: OtlpIngest, token: str | None = None, *, limits: Limits | None = None
+    ) -> None:
         self.ingest = ingest
         self.token = token
+        self.limits = limits or Limits()
         self._server: Any = None
         self.port: int | None = None
 
@@ -47,10 +84,10 @@ class OtlpGrpcReceiver:
         grpc = _grpc()
         code = "OK"
         try:
-            if self.token is not None:
+            if self.token:
                 md = dict(context.invocation_metadata() or ())
-                got = str(md.get("authorization", "")).encode()
-                if not hmac.compare_digest(got, f"Bearer {self.token}".encode()):
+                got = md.get("authorization")
+                if not bearer_matches(got if isinstance(got, str) else None, self.token):
                     code = "UNAUTHENTICATED"
                     await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong token")
             if len(request) > self.ingest.max_bytes:
@@ -84,12 +121,7 @@ class OtlpGrpcReceiver:
         """Bind ``address`` (HOST:PORT, port 0 picks one) and serve; returns the port."""
         grpc = _grpc()
         limit = self.ingest.max_bytes
-        server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", limit),
-                ("grpc.max_send_message_length", 4 * 1024 * 1024),
-            ]
-        )
+        server = grpc.aio.server(options=server_options(limit, self.limits))
         handler = grpc.method_handlers_generic_handler(
             "opentelemetry.proto.collector.trace.v1.TraceService",
             {

@@ -3,20 +3,22 @@
 Answers per the OTLP/HTTP spec: 200 with ``ExportTraceServiceResponse`` (``partial_success``
 when spans were rejected) once the spans are committed; 400 with a ``google.rpc.Status``
 body for undecodable data; 413 past the body limit (checked after decompression, so a gzip
-bomb is stopped at the limit); 415 for an unknown content type; 405 for other methods; 503
-with ``Retry-After`` under overload. The response uses the request's encoding (protobuf or
-JSON).
+bomb is stopped at the limit); 415 for a missing or unknown content type; 405 for other
+methods; 503 with ``Retry-After`` under overload. The response uses the request's encoding
+(protobuf or JSON).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 from collections.abc import Awaitable, Callable
 from typing import cast
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
+from aiohttp.web_protocol import RequestPayloadError
 from google.protobuf import json_format
 from google.protobuf.message import Message
 from google.rpc import code_pb2, status_pb2
@@ -34,19 +36,30 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 
 
+def _digest(secret: str) -> bytes:
+    return hashlib.sha256(secret.encode("utf-8", "surrogateescape")).digest()
+
+
+def bearer_matches(authorization: str | None, token: str) -> bool:
+    """True when ``authorization`` is ``Bearer <token>``. The scheme is case-insensitive
+    (RFC 7235: ``bearer`` and ``BEARER`` too); the token is compared in constant time (as
+    digests, so not even its length shows)."""
+    scheme, _, credentials = (authorization or "").strip().partition(" ")
+    same = hmac.compare_digest(_digest(credentials.strip()), _digest(token))
+    return same and scheme.lower() == "bearer"
+
+
 def bearer_auth(token: str | None) -> Middleware:
     """aiohttp middleware: 401 unless ``Authorization: Bearer <token>`` (when a token is set)."""
-    expected = f"Bearer {token}".encode() if token else None
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if expected is not None and request.path not in OPEN_PATHS:
-            got = request.headers.get("Authorization", "").encode()
-            if not hmac.compare_digest(got, expected):
-                return web.json_response(
-                    {"error": "missing or wrong bearer token"}, status=401,
-                    headers={"WWW-Authenticate": 'Bearer realm="slokit"'},
-                )  # fmt: skip
+        authorization = request.headers.get("Authorization")
+        if token and request.path not in OPEN_PATHS and not bearer_matches(authorization, token):
+            return web.json_response(
+                {"error": "missing or wrong bearer token"}, status=401,
+                headers={"WWW-Authenticate": 'Bearer realm="slokit"'},
+            )  # fmt: skip
         return await handler(request)
 
     return cast(Middleware, middleware)
@@ -82,8 +95,11 @@ class OtlpHttpReceiver:
         return resp
 
     async def _handle(self, request: web.Request) -> web.Response:
-        ct = request.headers.get("Content-Type", "application/x-protobuf")
+        ct = request.headers.get("Content-Type", "")
         as_json = ct.split(";")[0].strip().lower() == "application/json"
+        if not ct.strip():
+            return _status_response(415, code_pb2.INVALID_ARGUMENT, "Content-Type is required: "
+                                    "application/x-protobuf or application/json", as_json)  # fmt: skip
         enc = request.headers.get("Content-Encoding")
         limit = self.ingest.max_bytes
         if request.content_length is not None and request.content_length > limit:
@@ -94,6 +110,9 @@ class OtlpHttpReceiver:
         except web.HTTPRequestEntityTooLarge:
             return _status_response(413, code_pb2.INVALID_ARGUMENT,
                                     f"body over the {limit}-byte limit", as_json)  # fmt: skip
+        except RequestPayloadError as exc:  # broken chunked framing and the like
+            return _status_response(400, code_pb2.INVALID_ARGUMENT,
+                                    f"malformed request body: {exc}", as_json)  # fmt: skip
         replica = self.ingest.default_replica
         try:
             if len(body) >= THREAD_DECODE_BYTES:

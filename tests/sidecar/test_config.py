@@ -75,3 +75,62 @@ def test_a_bad_file_is_a_clear_error(tmp_path: Path, text: str, message: str) ->
 def test_a_scrape_target_must_be_a_url() -> None:
     with pytest.raises(BadInput, match="http"):
         load_config(env={}, flags={"vllm_urls": ("localhost:8000",)}).validate()
+
+
+def test_connection_limits_have_defaults_and_come_from_env_or_flags() -> None:
+    cfg = load_config(env={})
+    assert (cfg.header_timeout_s, cfg.body_timeout_s, cfg.idle_timeout_s) == (10.0, 30.0, 75.0)
+    assert (cfg.api_max_connections, cfg.otlp_max_connections) == (128, 256)
+    env = {"SLOKIT_HEADER_TIMEOUT_S": "2.5", "SLOKIT_API_MAX_CONNECTIONS": "64"}
+    cfg = load_config(env=env, flags={"otlp_max_connections": 32}).validate()
+    assert cfg.header_timeout_s == 2.5
+    assert (cfg.api_max_connections, cfg.otlp_max_connections) == (64, 32)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("header_timeout_s", "0"),
+        ("header_timeout_s", "-1"),
+        ("body_timeout_s", "nan"),
+        ("idle_timeout_s", "inf"),
+        ("api_max_connections", "0"),
+        ("otlp_max_connections", "7"),
+    ],
+)
+def test_a_connection_limit_out_of_range_is_refused(key: str, value: str) -> None:
+    with pytest.raises(BadInput, match=key):
+        load_config(env={"SLOKIT_" + key.upper(): value}).validate()
+
+
+@pytest.mark.parametrize(
+    ("token", "reason"),
+    [
+        (" ", "blank"),
+        ("", "blank"),
+        ("\t\n", "blank"),
+        ("two words", "visible ASCII"),
+        ("line\nbreak", "visible ASCII"),
+        ("tab\tinside", "visible ASCII"),
+        ("s3crét", "visible ASCII"),
+        ("nul\x00", "visible ASCII"),
+    ],
+)
+def test_a_token_that_cannot_travel_in_a_header_is_refused(token: str, reason: str) -> None:
+    with pytest.raises(BadInput, match=reason):
+        load_config(env={}, flags={"token": token, "listen": "0.0.0.0:9464"}).validate()
+    with pytest.raises(BadInput, match=reason):  # on loopback too: it is a mistake anywhere
+        load_config(env={}, flags={"token": token}).validate()
+
+
+def test_sidecar_with_a_blank_token_exits_2_with_a_one_line_reason(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from slokit.cli import main
+
+    res = CliRunner().invoke(main, ["sidecar", "--token", " ", "--listen", "0.0.0.0:0",
+                                    "--db", str(tmp_path / "s.duckdb")])  # fmt: skip
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("slokit: ") and "blank" in lines[0]
+    assert not (tmp_path / "s.duckdb").exists()

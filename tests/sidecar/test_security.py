@@ -118,3 +118,44 @@ def test_prompt_and_completion_text_is_stored_and_logged_nowhere(
     for p in tmp_path.iterdir():
         assert CANARY.encode() not in p.read_bytes(), p
     assert CANARY not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("authorization", "status"),
+    [
+        (f"Bearer {TOKEN}", 200),
+        (f"bearer {TOKEN}", 200),  # RFC 7235: the scheme is case-insensitive
+        (f"BEARER {TOKEN}", 200),
+        (f"Bearer   {TOKEN}", 200),
+        (f"Basic {TOKEN}", 401),
+        (TOKEN, 401),
+        ("Bearer", 401),
+        (f"Bearer {TOKEN[:-1]}", 401),
+        (f"Bearer {TOKEN}x", 401),
+        (f"Bearer {TOKEN.upper()}", 401),  # the token itself is not
+    ],
+)
+def test_the_bearer_scheme_is_case_insensitive_and_the_token_exact(
+    start_sidecar: StartSidecar, authorization: str, status: int
+) -> None:
+    sc = start_sidecar(token=TOKEN)
+    resp = httpx.get(f"{sc.api}/metrics", headers={"Authorization": authorization})
+    assert resp.status_code == status
+
+
+def test_grpc_takes_a_lower_case_bearer_scheme_too(
+    start_sidecar: StartSidecar, export_body: bytes
+) -> None:
+    sc = start_sidecar(token=TOKEN)
+    with grpc.insecure_channel(sc.grpc_target) as ch:
+        call = ch.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
+        call(export_body, timeout=10, metadata=(("authorization", f"bearer {TOKEN}"),))
+        with pytest.raises(grpc.RpcError) as err:
+            call(export_body, timeout=10, metadata=(("authorization", f"bearer {TOKEN}x"),))
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "r0" in request_ids(sc)
+
+
+def test_a_blank_token_is_refused_before_anything_listens() -> None:
+    with pytest.raises(BadInput, match="blank"):
+        SidecarConfig(listen="0.0.0.0:9464", token="   ").validate()

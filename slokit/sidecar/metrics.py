@@ -47,6 +47,11 @@ class SidecarMetrics:
             "slokit_slo_bound_seconds", "The class's good_when bounds.", ["class", "bound"],
             registry=r,
         )  # fmt: skip
+        self.label_values_folded = Counter(
+            "slokit_label_values_folded_total",
+            "Requests counted under label value 'other' (label budget).", ["label", "reason"],
+            registry=r,
+        )  # fmt: skip
         # -- health ------------------------------------------------------------------------
         self.scrape_up = Gauge(
             "slokit_scrape_up", "1 if the last scrape succeeded.", ["target", "kind", "replica"],
@@ -92,7 +97,22 @@ class SidecarMetrics:
             "slokit_writer_commit_seconds", "Time per writer transaction.", registry=r,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
         )  # fmt: skip
+        self.write_refused = Counter(
+            "slokit_write_refused_total",
+            "Records the store refused on their own (the rest of their batch was committed).",
+            ["kind"], registry=r,
+        )  # fmt: skip
+        self.sample_values_invalid = Counter(
+            "slokit_sample_values_invalid_total",
+            "Scraped values out of their field's range, stored as missing.", ["kind", "field"],
+            registry=r,
+        )  # fmt: skip
         self.wal_quarantined = Counter(
             "slokit_wal_quarantined_total", "Torn/corrupt WAL files set aside at start.",
             registry=r,
+        )  # fmt: skip
+        self.wal_damaged = Counter(
+            "slokit_wal_damaged_total",
+            "WALs found damaged at start whose intact part was replayed (kind: torn_tail, "
+            "discarded).", ["kind"], registry=r,
         )  # fmt: skip

@@ -14,6 +14,11 @@ fragment arriving more than that after its request's first would count it again.
 Cost accrues per second while a replica's vLLM scrape is up; the trailing-window gauges
 divide it by the good requests (per class) and successful tasks of the same window, kept in
 per-minute buckets (bounded memory at any request rate).
+
+``replica`` and ``model`` come from the traffic: they go through a
+:class:`~slokit.sidecar.labels.LabelBudget` (allow-list or top-N per label, an overall series
+budget), so a flood of distinct model names is counted under ``model="other"`` instead of
+making a series per request.
 """
 
 from __future__ import annotations
@@ -22,14 +27,16 @@ import math
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
 
+from slokit.analysis.slo import OUTCOMES
 from slokit.analysis.slo_spec import SloSpec
-from slokit.sidecar.metrics import SidecarMetrics
+from slokit.sidecar.labels import LabelBudget, LabelLimit
+from slokit.sidecar.metrics import SLI_LABELS, SidecarMetrics
 
 UNCLASSIFIED = "unclassified"
 _COLUMNS = (
@@ -70,7 +77,12 @@ class SliAccountant:
         clock: Callable[[], float] = time.time,
         max_tasks: int = 100_000,
         horizon_s: float = 6 * 3600.0,
+        labels: Mapping[str, LabelLimit] | None = None,
+        max_series: int = 10_000,
     ) -> None:
+        """``labels``: the budget of each label that comes from the traffic (default: the top
+        100 ``model`` and ``replica`` values); ``max_series``: the series budget of
+        ``slokit_requests_total`` and ``slokit_output_tokens_total`` together."""
         self.metrics = metrics
         self.spec = spec
         self.grace_s = grace_s
@@ -82,6 +94,15 @@ class SliAccountant:
         self._lock = threading.Lock()
         self._minutes: OrderedDict[int, _Minute] = OrderedDict()
         self._tasks: OrderedDict[str, tuple[float, bool]] = OrderedDict()  # id -> (seen, ok)
+        self.counted = 0  # requests counted since start (each exactly once)
+        classes = 1 + (len(spec.classes) if spec is not None else 0)  # + unclassified
+        families = (metrics.requests, metrics.output_tokens)
+        self.budget = LabelBudget(
+            metrics.label_values_folded, SLI_LABELS,
+            labels if labels is not None else {"model": LabelLimit(), "replica": LabelLimit()},
+            max_series=max_series, reserve=len(families) * classes * len(OUTCOMES), clock=clock,
+        )  # fmt: skip
+        self.budget.track(*families)
         if spec is not None:
             for c in spec.classes:
                 metrics.slo_objective.labels(c.name).set(c.objective)
@@ -106,6 +127,11 @@ class SliAccountant:
         with self._lock:
             self._minute(self.clock()).cost_usd += usd
 
+    def label(self, label: str, value: str) -> str:
+        """``value`` as the exported series show it (``other`` when folded), e.g. for the
+        replica of a finding; looks up only, counts nothing."""
+        return self.budget.value(label, value, weight=0.0)
+
     # -- requests ------------------------------------------------------------------------
     def outcome(self, record: dict[str, Any]) -> tuple[str, str]:
         if self.spec is None:
@@ -129,7 +155,9 @@ class SliAccountant:
         for row in rows:
             rec = dict(zip(names, row, strict=True))
             cls, outcome = self.outcome(rec)
-            labels = (cls, rec.get("replica") or "", rec.get("model") or "", outcome)
+            labels = self.budget.labelset(
+                (cls, str(rec.get("replica") or ""), str(rec.get("model") or ""), outcome)
+            )
             self.metrics.requests.labels(*labels).inc()
             if rec.get("output_tokens"):
                 self.metrics.output_tokens.labels(*labels).inc(rec["output_tokens"])
@@ -146,6 +174,7 @@ class SliAccountant:
                     self._tasks[task] = (now, ok and good)
                     if len(self._tasks) > self.max_tasks:
                         self._tasks.popitem(last=False)
+        self.counted += len(rows)
         self._update_cost_gauges(now)
         return len(rows)
 

@@ -19,12 +19,23 @@ load generator (on simulated time, so rates and durations mean the same as in th
 ``/metrics`` and DCGM scraped over HTTP and parsed by slokit's sources, vLLM spans exported
 in memory and decoded by slokit's OTLP decoder, client records parsed as load JSONL. Rules
 then see what they would see in production, only faster.
+
+Two clocks: :func:`run_scenario_virtual` (the pack's) runs it on virtual time
+(:mod:`slokit.lab.sim.vtime`): the loop's clock jumps to the next timer whenever every
+task waits, so engine steps last exactly what the roofline says, the run takes as long as
+its CPU work and a loaded machine cannot bend the physics; ``speed`` is ignored. There the
+load generator's requests skip HTTP (``_InProcessRunner``: the same seeded schedule,
+bodies, headers and records, through ``Replica.generate_in_process``); scrapes and faults
+still go over HTTP, and every wire format (exposition text, OTLP bytes, load JSONL) is
+still produced and parsed by the real code. ``run_scenario`` (in an ``asyncio.run``) runs
+it all in real time at ``speed``, over HTTP.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,10 +43,11 @@ from typing import Any
 import aiohttp
 import yaml
 
-from slokit.lab.load import LoadConfig, run_load
-from slokit.lab.sim.engine import WallClock
+from slokit.lab.load import LoadConfig, _Runner, make_schedule, request_url, run_load
+from slokit.lab.sim.engine import Clock, SimRequest, WallClock
 from slokit.lab.sim.faults import scenario_faults
-from slokit.lab.sim.server import SimCluster, SimSettings
+from slokit.lab.sim.server import ApiError, Replica, SimCluster, SimSettings
+from slokit.lab.sim.vtime import LoopClock, VirtualTimeLoop, run_virtual
 from slokit.lab.workload import DEFAULT_WORKLOAD, parse_workload_yaml
 from slokit.records import EngineSample, GpuSample, RequestFragment, ScrapeResult
 from slokit.sources.dcgm import parse_dcgm_metrics
@@ -120,7 +132,7 @@ def all_scenarios() -> list[Path]:
 class _SimTime:
     """The load generator's clock on simulated time (the cluster's own clock)."""
 
-    def __init__(self, clock: WallClock) -> None:
+    def __init__(self, clock: Clock) -> None:
         self.clock = clock
 
     def now(self) -> float:
@@ -130,6 +142,61 @@ class _SimTime:
         delay = ts - self.clock.now()
         if delay > 0:
             await self.clock.sleep(delay)
+
+
+class _InProcessRunner(_Runner):
+    """The load generator's runner whose exchange calls the replica in-process instead of
+    over HTTP (virtual time): the same request bodies, headers, ids, schedule and record;
+    a streaming client's token times are the engine steps that made the tokens."""
+
+    def __init__(self, cfg: LoadConfig, clock: _SimTime, model: str, by_url: dict[str, Replica]):
+        super().__init__(cfg, None, clock, model, None, None)  # type: ignore[arg-type]
+        self._by_url = by_url
+
+    async def _exchange(
+        self,
+        url: str,
+        body: dict[str, Any],
+        headers: dict[str, str],
+        rec: dict[str, Any],
+        token_ts: list[float],
+    ) -> None:
+        now = self.clock.now
+
+        def on_tokens(req: SimRequest) -> None:
+            token_ts.extend([now()] * req.new_tokens)
+            req.new_tokens = 0
+
+        kind = "chat" if self.cfg.endpoint == "chat" else "completion"
+        try:
+            req = await self._by_url[url].generate_in_process(kind, body, headers, on_tokens)
+        except ApiError as exc:
+            rec["http_status"] = exc.status
+            rec["status"], rec["error_type"] = "error", exc.err_type
+            return
+        rec["http_status"] = 200
+        if req.finish_reason == "error":  # vLLM's error event in the stream
+            rec["status"], rec["error_type"] = "error", "InternalServerError"
+            return
+        rec["finish_reason"] = req.finish_reason
+        rec["prompt_tokens"], rec["output_tokens"] = req.num_prompt_tokens, req.num_output
+        rec["status"] = "ok"
+
+
+async def _run_load_in_process(
+    cfg: LoadConfig, clock: Clock, replica: Replica
+) -> list[dict[str, Any]]:
+    """``run_load``'s open loop (same seeded sampler and schedule) on ``_InProcessRunner``."""
+    cfg.validate()
+    assert cfg.rate is not None
+    rng = random.Random(cfg.seed)
+    by_url = {request_url(cfg.url, cfg.endpoint): replica}
+    model = cfg.model or cfg.workload.model or replica.settings.model_name
+    runner = _InProcessRunner(cfg, _SimTime(clock), model, by_url)
+    sampler = cfg.workload.sampler(rng, runner.run_id)
+    schedule = make_schedule(cfg.arrival, cfg.rate, cfg.duration_s, rng)
+    await runner.open_loop(clock.now(), schedule, sampler.next)
+    return runner.records
 
 
 @dataclass
@@ -160,7 +227,7 @@ class Collected:
 
 async def _scrape_loop(
     cluster: SimCluster,
-    clock: WallClock,
+    clock: Clock,
     every_s: float,
     until: float,
     done: asyncio.Event,
@@ -198,7 +265,7 @@ async def _scrape_loop(
             await clock.sleep(every_s)
 
 
-async def _fault_at(cluster: SimCluster, clock: WallClock, t0: float, fault: FaultAt) -> None:
+async def _fault_at(cluster: SimCluster, clock: Clock, t0: float, fault: FaultAt) -> None:
     await clock.sleep(max(0.0, t0 + fault.at_s - clock.now()))
     targets = fault.replicas if fault.replicas is not None else range(len(cluster.replicas))
     async with aiohttp.ClientSession() as http:
@@ -210,7 +277,13 @@ async def _fault_at(cluster: SimCluster, clock: WallClock, t0: float, fault: Fau
 
 
 async def _phase(
-    cluster: SimCluster, clock: WallClock, t0: float, phase: Phase, seed: int, out: Collected
+    cluster: SimCluster,
+    clock: Clock,
+    t0: float,
+    phase: Phase,
+    seed: int,
+    out: Collected,
+    in_process: bool = False,
 ) -> None:
     await clock.sleep(max(0.0, t0 + phase.at_s - clock.now()))
     targets = phase.replicas if phase.replicas is not None else range(len(cluster.replicas))
@@ -231,6 +304,8 @@ async def _phase(
             run_id=f"p{seed}r{i}",
             timeout_s=600.0,
         )
+        if in_process:
+            return await _run_load_in_process(cfg, clock, cluster.replicas[i])
         result = await run_load(cfg, clock=_SimTime(clock))
         return result.records
 
@@ -239,8 +314,16 @@ async def _phase(
         out.fragments.extend(parse_load_jsonl(text, name=f"phase{seed}"))
 
 
-async def run_scenario(sc: Scenario) -> Collected:
-    """Run the scenario on a fresh simulator cluster; return what a sidecar would store."""
+def run_scenario_virtual(sc: Scenario) -> Collected:
+    """Run the scenario on virtual time (a fresh :class:`VirtualTimeLoop`)."""
+    return run_virtual(run_scenario(sc, virtual=True))
+
+
+async def run_scenario(sc: Scenario, *, virtual: bool = False) -> Collected:
+    """Run the scenario on a fresh simulator cluster; return what a sidecar would store.
+
+    ``virtual``: on the running :class:`VirtualTimeLoop`'s time from a fixed epoch;
+    otherwise in real time at the scenario's ``speed``."""
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -251,7 +334,13 @@ async def run_scenario(sc: Scenario) -> Collected:
     settings = SimSettings(
         speed=sc.speed, faults=faults, scenario=preset, **{**engine_overrides, **sim}
     )
-    clock = WallClock(sc.speed)
+    clock: Clock
+    if virtual:
+        if not isinstance(asyncio.get_running_loop(), VirtualTimeLoop):
+            raise RuntimeError("virtual=True needs a VirtualTimeLoop (use run_scenario_virtual)")
+        clock = LoopClock()
+    else:
+        clock = WallClock(sc.speed)
     exporters: list[InMemorySpanExporter] = []
 
     def exporter() -> InMemorySpanExporter:
@@ -274,7 +363,7 @@ async def run_scenario(sc: Scenario) -> Collected:
 
         async def load() -> None:
             await asyncio.gather(
-                *(_phase(cluster, clock, t0, p, i, out) for i, p in enumerate(sc.load))
+                *(_phase(cluster, clock, t0, p, i, out, virtual) for i, p in enumerate(sc.load))
             )
             done.set()
 

@@ -1,6 +1,11 @@
 """The scenario pack: every examples/scenarios/*.yaml, run on the simulator, is diagnosed
 as the rule it reproduces and as none of the rules it rules out.
 
+The pack runs on virtual time (``run_scenario_virtual``): deterministic, as fast as the CPU
+allows, and a loaded machine cannot change the physics (in real time a starved event loop
+stretched engine steps and turned one diagnosis into another). The HTTP, SSE and OTLP
+paths in real time are covered by tests/sim and tests/load.
+
 The table below is the contract (also in docs/diagnose.md); a fast test checks that the
 scenario files say the same. ``R`` = must be reported, ``x`` = must not be reported,
 ``.`` = either (a plausible companion finding, e.g. queueing past the knee).
@@ -24,11 +29,19 @@ scenario files say the same. ``R`` = must be reported, ``x`` = must not be repor
 
 from __future__ import annotations
 
-import asyncio
+import itertools
 from typing import Any
 
 import pytest
-from scenario_harness import SCENARIO_DIR, all_scenarios, load_scenario, run_scenario
+from scenario_harness import (
+    SCENARIO_DIR,
+    Collected,
+    Phase,
+    Scenario,
+    all_scenarios,
+    load_scenario,
+    run_scenario_virtual,
+)
 
 from slokit.analysis.diagnose import diagnose
 from slokit.analysis.rules import RULE_IDS
@@ -96,7 +109,7 @@ def _reported(doc: dict[str, Any], *, above_info: bool = False) -> set[str]:
 @pytest.mark.parametrize("path", all_scenarios(), ids=lambda p: p.stem)
 def test_scenario_is_diagnosed_as_its_rule(path: Any) -> None:
     sc = load_scenario(path)
-    collected = asyncio.run(run_scenario(sc))
+    collected = run_scenario_virtual(sc)
     with open_store(":memory:") as store:
         collected.store_into(store)
         doc = diagnose(store.con, **collected.diagnose_args(sc))
@@ -106,3 +119,51 @@ def test_scenario_is_diagnosed_as_its_rule(path: Any) -> None:
     else:
         assert sc.rule in _reported(doc), summaries
     assert not _reported(doc) & set(sc.rules_out), summaries
+
+
+def _burst(duration_s: float = 20.0) -> Scenario:
+    """A short incident: a capped batch, a steady load and a burst half-way."""
+    return Scenario(
+        name="burst",
+        rule=None,
+        rules_out=[],
+        sim={"replicas": 1, "model": "7b", "gpu": "l4", "max_num_seqs": 4},
+        speed=1.0,
+        duration_s=duration_s,
+        scrape_interval_s=1.0,
+        load=[
+            Phase(at_s=0, duration_s=duration_s - 2, rate=1),
+            Phase(at_s=duration_s / 2, duration_s=4, rate=4),
+        ],
+    )
+
+
+def _timeline(c: Collected) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """What a run measured, without the random trace and span ids."""
+    keys = ("source", "request_id", "arrival_ts", "first_token_ts", "finish_ts")
+    keys += ("client_ttft_s", "queue_s", "prefill_s", "decode_s", "output_tokens", "status")
+    frags = sorted(tuple(getattr(f, k) for k in keys) for f in c.fragments)
+    engine = [(e.ts, e.running, e.waiting, e.kv_usage_ratio) for e in c.engine]
+    return frags, engine
+
+
+def test_a_scenario_on_virtual_time_gives_the_same_telemetry_every_run() -> None:
+    first, second = run_scenario_virtual(_burst()), run_scenario_virtual(_burst())
+    assert len(first.fragments) > 0 and len(first.engine) > 0
+    assert _timeline(first) == _timeline(second)
+
+
+def test_a_scenario_on_virtual_time_has_every_kind_of_record_on_simulated_time() -> None:
+    sc = _burst()
+    c = run_scenario_virtual(sc)
+    sources = {f.source for f in c.fragments}
+    assert {"client", "vllm"} <= sources, sources
+    assert {s.kind for s in c.scrapes} == {"vllm", "dcgm"} and all(s.up for s in c.scrapes)
+    assert len(c.gpu) > 0
+    # one scrape per replica every scrape_interval_s of simulated time, from the start
+    ts = sorted({e.ts for e in c.engine})
+    assert ts[0] == pytest.approx(c.started_at)
+    assert all(b - a == pytest.approx(sc.scrape_interval_s) for a, b in itertools.pairwise(ts))
+    assert ts[-1] - ts[0] >= sc.duration_s - sc.scrape_interval_s
+    # the burst queues: the capped batch makes later arrivals wait in the engine
+    assert max(e.waiting or 0 for e in c.engine) > 0

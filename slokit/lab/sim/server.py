@@ -37,7 +37,7 @@ import random
 import secrets
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -637,6 +637,54 @@ class Replica:
         return web.Response(
             body=self._full_body(req, meta).encode(), content_type="application/json"
         )
+
+    async def generate_in_process(
+        self,
+        kind: str,
+        body: Any,
+        headers: Mapping[str, str],
+        on_tokens: Callable[[SimRequest], None],
+    ) -> SimRequest:
+        """The request path of the OpenAI routes without HTTP (virtual-time runs): the same
+        validation, faults, frontend queue, engine and spans, in the same order, so the
+        physics are the same. ``on_tokens(req)`` is called in the engine step that made
+        ``req.new_tokens`` (it resets them), as a streaming client would see them. Returns
+        the finished request (``finish_reason`` ``error`` when the engine died);
+        :class:`ApiError` where the server answers with an error status."""
+        arrival = self.clock.now()
+        req, _, _ = self._parse(body, kind, headers.get("X-Request-Id"))
+        req.arrival_time = arrival
+        meta: _Meta = req.meta
+        if self.emitter is not None:
+            meta.parent = self.emitter.parent_context(headers)
+        if self.faults.error_rate and self._rng.random() < self.faults.error_rate:
+            raise ApiError(
+                500,
+                "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+                "InternalServerError",
+            )
+        delay = self.faults.frontend_delay_s
+        if delay > 0:
+            async with self._frontend_lock:
+                await self.clock.sleep(delay)
+        if not self.up:
+            raise ApiError(503, "The server is restarting.", "ServiceUnavailableError")
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def notify() -> None:
+            if req.new_tokens:
+                on_tokens(req)
+            if req.finished and not done.done():
+                done.set_result(None)
+
+        req.notify = notify
+        self.loop.submit(req)
+        try:
+            await done
+        except asyncio.CancelledError:
+            self.core.abort(req, self.clock.now())
+            raise
+        return req
 
     def _texts(self, req: SimRequest, start: int, end: int) -> list[str]:
         return [" " + output_word(req.seed, i) for i in range(start, end)]

@@ -106,8 +106,11 @@ def test_frontend_delay_shows_in_ttft_not_in_engine_queue() -> None:
         sim.cluster.replicas[0].emitter.provider.force_flush()
     (span,) = spans.get_finished_spans()
     attrs = dict(span.attributes or {})
-    assert attrs["gen_ai.latency.time_to_first_token"] >= 0.2  # type: ignore[operator]
-    assert attrs["gen_ai.latency.time_in_queue"] < 0.05  # type: ignore[operator]
+    ttft = float(attrs["gen_ai.latency.time_to_first_token"])  # type: ignore[arg-type]
+    queue = float(attrs["gen_ai.latency.time_in_queue"])  # type: ignore[arg-type]
+    # the delay is before the engine: all of it is in TTFT, none of it in the engine's queue
+    # (relative to what the server reported, so a busy machine cannot break it)
+    assert ttft - queue >= 0.2
 
 
 def test_client_disconnect_aborts_the_request(sim: BackgroundSim) -> None:

@@ -1,65 +1,45 @@
 """The DuckDB store: one writer, batched Arrow appends inside transactions.
 
-Open with :func:`open_store`. Appends are columnar (Arrow tables registered as views and
-inserted set-wise), never row by row. Request fragments are deduplicated by ``fragment_id``
-and merged into ``requests`` in the same transaction, so a reader never sees a fragment
-without its merged row.
+Open with :func:`open_store`. Appends are columnar (Arrow tables inserted set-wise, see
+:mod:`slokit.store.append`), never row by row. Request fragments are deduplicated by
+``fragment_id`` and merged into ``requests`` in the same transaction, so a reader never sees a
+fragment without its merged row.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import duckdb
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from slokit.errors import BadInput, StoreBusy
 from slokit.records import (
-    FRAGMENT_FIELDS,
     EngineSample,
     Finding,
     GpuSample,
     RequestFragment,
     ScrapeResult,
 )
-from slokit.store.merge import merge_sql, sql_string_list
-from slokit.store.migrations import MIGRATIONS
+from slokit.store import append as _append
+from slokit.store.append import AppendResult, ts_array
+from slokit.store.faults import (
+    StorageFault,
+    is_damage,
+    missing_blocks_reason,
+    storage_fault,
+    truncation_reason,
+)
+from slokit.store.migrations import LATEST_VERSION, MIGRATIONS
 
-_TS = pa.timestamp("us", tz="UTC")
-
-#: Request ids merged per statement: small enough that DuckDB looks them up in the ART indexes
-#: (index_scan_max_count defaults to 2048) instead of scanning tables that grow without bound.
-MERGE_CHUNK = 2000
-#: One index lookup costs about as much as scanning this many rows (measured on DuckDB 2.0).
-INDEX_LOOKUP_COST_ROWS = 700
-
-_FRAGMENT_TYPES: dict[str, pa.DataType] = {
-    "request_id": pa.string(),
-    "source": pa.string(),
-    "fragment_id": pa.string(),
-    "prompt_tokens": pa.int64(),
-    "output_tokens": pa.int64(),
-    "cached_tokens": pa.int64(),
-    "max_tokens": pa.int64(),
-    "preemptions": pa.int64(),
-    "http_status": pa.int32(),
-    "quality_pass": pa.bool_(),
-}
-for _name in FRAGMENT_FIELDS:
-    if _name.endswith("_ts"):
-        _FRAGMENT_TYPES[_name] = _TS
-    elif _name.endswith("_s"):
-        _FRAGMENT_TYPES[_name] = pa.float64()
-    else:
-        _FRAGMENT_TYPES.setdefault(_name, pa.string())
+log = logging.getLogger("slokit.store")
 
 
 def _run(con: duckdb.DuckDBPyConnection, sql: str, params: Any = None) -> None:
@@ -68,22 +48,7 @@ def _run(con: duckdb.DuckDBPyConnection, sql: str, params: Any = None) -> None:
     con.execute(sql, params).fetchall()
 
 
-def _ts_us(values: Sequence[float | None]) -> pa.Array:
-    return pa.array([None if v is None else int(v * 1_000_000) for v in values], type=_TS)
-
-
-def _column(name: str, values: list[Any]) -> pa.Array:
-    typ = _FRAGMENT_TYPES[name]
-    if typ == _TS:
-        return _ts_us(values)
-    return pa.array(values, type=typ)
-
-
-@dataclass(frozen=True)
-class AppendResult:
-    received: int
-    new: int
-    requests_touched: int
+_ts_us = ts_array
 
 
 class Store:
@@ -103,10 +68,22 @@ class Store:
         self.clock = clock
         self._lock = threading.RLock()
         self._rows_estimate: int | None = None  # fragments stored, to choose a merge plan
+        self._checked_batches_left = 0  # > 0: fragment batches take the checked path
+        #: Why the last write failed when the storage (not the data) is at fault: until a
+        #: write succeeds again (a full volume), or for good (a damaged file: a write that
+        #: avoids the damaged blocks proves nothing). The sidecar's /readyz reports it.
+        self.storage_error: str | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     def close(self) -> None:
+        """Checkpoint (a writable file: its WAL moves into the file) and close."""
         with self._lock:  # never under a transaction another thread has open
+            if not self.read_only and self.path != ":memory:":
+                try:
+                    _run(self.con, "CHECKPOINT")
+                except duckdb.Error as exc:  # INFO: a command has already said what failed
+                    log.info("%s: checkpoint before close failed (the WAL keeps the rows "
+                             "until the next open): %s", self.path, exc)  # fmt: skip
             self.con.close()
 
     def __enter__(self) -> Store:
@@ -120,7 +97,11 @@ class Store:
         return int(rows[0][0]) if rows and rows[0][0] is not None else 0
 
     def migrate(self) -> list[int]:
-        """Apply pending migrations in order; returns the versions applied."""
+        """Apply pending migrations in order; returns the versions applied.
+
+        Refuses (BadInput, writing nothing) a file that holds tables but no
+        ``schema_migrations`` (not slokit's) or a schema newer than this code knows."""
+        _check_schema(self.con, self.path)
         _run(
             self.con,
             "CREATE TABLE IF NOT EXISTS schema_migrations ("
@@ -147,10 +128,28 @@ class Store:
             _run(self.con, "BEGIN TRANSACTION")
             try:
                 yield self.con
-            except BaseException:
+            except BaseException as exc:
+                self._note_storage(exc)
                 _run(self.con, "ROLLBACK")
                 raise
-            _run(self.con, "COMMIT")
+            try:
+                _run(self.con, "COMMIT")
+            except duckdb.Error as exc:
+                if self._note_storage(exc):  # disk full, I/O: an error of the storage
+                    msg = f"{self.path}: commit failed: {self.storage_error}"
+                    raise StorageFault(msg) from None
+                raise
+            if self.storage_error is not None and not is_damage(self.storage_error):
+                log.info("%s: writes succeed again (after: %s)", self.path, self.storage_error)
+                self.storage_error = None
+
+    def _note_storage(self, exc: BaseException) -> bool:
+        """Remember ``exc`` when it is a fault of the storage; True if it is. (The caller
+        reports the error itself: the sidecar's writer logs it, a command prints it.)"""
+        fault = storage_fault(exc)
+        if fault is not None and not (self.storage_error and is_damage(self.storage_error)):
+            self.storage_error = fault
+        return fault is not None
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A cursor for reads from another thread (same database, own connection state)."""
@@ -158,131 +157,31 @@ class Store:
 
     # -- appends ---------------------------------------------------------------------------
     def append_fragments(self, fragments: Sequence[RequestFragment]) -> AppendResult:
-        """Store fragments (deduplicated by fragment_id) and re-merge their requests."""
+        """Store fragments (deduplicated by fragment_id) and merge their requests."""
         if not fragments:
             return AppendResult(0, 0, 0)
-        cols = {
-            name: _column(name, [getattr(f, name) for f in fragments]) for name in FRAGMENT_FIELDS
-        }
-        return self.append_fragment_table(pa.table(cols))
+        return self.append_fragment_table(_append.fragments_table(fragments))
 
     def append_fragment_table(self, table: pa.Table) -> AppendResult:
         """Columnar form of :meth:`append_fragments` (columns named as RequestFragment)."""
-        n = table.num_rows
-        if n == 0:
-            return AppendResult(0, 0, 0)
-        cols = ", ".join(FRAGMENT_FIELDS)
-        now = self.clock()
-        with self.transaction() as con:
-            con.register("_batch", table)
-            try:
-                before = self._count(con, "request_fragments")
-                # Within one batch, keep the first copy of a fragment id.
-                _run(
-                    con,
-                    f"""
-                    INSERT OR IGNORE INTO request_fragments (ingested_at, {cols})
-                    SELECT to_timestamp(?), {cols} FROM (
-                        SELECT *, row_number() OVER (PARTITION BY fragment_id) AS _rn FROM _batch
-                    ) WHERE _rn = 1
-                    """,
-                    [now],
-                )
-                new = self._count(con, "request_fragments") - before
-                if self._rows_estimate is not None:
-                    self._rows_estimate += new
-                ids = pc.unique(table.column("request_id"))
-                touched = len(ids)
-                self._merge(con, ids)
-            finally:
-                con.unregister("_batch")
-        return AppendResult(n, new, touched)
+        return _append.append_fragment_table(self, table)
 
     def _merge(self, con: duckdb.DuckDBPyConnection, ids: pa.Array) -> None:
-        """Re-merge the ``requests`` rows of ``ids`` from all their fragments.
-
-        Two plans with the same result: a few ids against a big table are looked up in the ART
-        indexes (constant IN lists); many ids, or a small table, are joined in one scan.
-        """
-        if self._rows_estimate is None:
-            self._rows_estimate = self._count(con, "request_fragments")
-        if len(ids) * INDEX_LOOKUP_COST_ROWS < self._rows_estimate:
-            values = ids.to_pylist()
-            for i in range(0, len(values), MERGE_CHUNK):
-                pred = f"request_id IN ({sql_string_list(values[i : i + MERGE_CHUNK])})"
-                _run(con, f"DELETE FROM requests WHERE {pred}")
-                _run(con, "INSERT INTO requests " + merge_sql(pred))
-        else:
-            con.register("_ids", pa.table({"request_id": ids}))
-            try:
-                pred = "request_id IN (SELECT request_id FROM _ids)"
-                _run(con, f"DELETE FROM requests WHERE {pred}")
-                _run(con, "INSERT INTO requests " + merge_sql(pred))
-            finally:
-                con.unregister("_ids")
+        """Re-merge the ``requests`` rows of ``ids`` from all their fragments."""
+        _append.merge_existing(self, con, ids)
 
     @staticmethod
     def _count(con: duckdb.DuckDBPyConnection, table: str) -> int:
-        rows = con.execute(f"SELECT count(*) FROM {table}").fetchall()
-        return int(rows[0][0])
+        return _append.count_rows(con, table)
 
     def _append_rows(self, table: str, columns: dict[str, pa.Array]) -> int:
-        t = pa.table(columns)
-        if t.num_rows == 0:
-            return 0
-        names = ", ".join(columns)
-        with self.transaction() as con:
-            con.register("_rows", t)
-            try:
-                _run(con, f"INSERT INTO {table} ({names}) SELECT {names} FROM _rows")
-            finally:
-                con.unregister("_rows")
-        return t.num_rows
+        return _append.append_table(self, table, pa.table(columns))
 
     def append_engine_samples(self, samples: Sequence[EngineSample]) -> int:
+        """One row per sample, its histograms in the row (``histogram_samples`` is a view)."""
         if not samples:
             return 0
-        scalar = [
-            "running", "waiting", "kv_usage_ratio", "preemptions_total", "prompt_tokens_total",
-            "generation_tokens_total", "prefix_cache_queries_total", "prefix_cache_hits_total",
-            "request_success_total", "spec_decode_drafts_total",
-            "spec_decode_draft_tokens_total", "spec_decode_accepted_tokens_total",
-            "num_gpu_blocks", "block_size",
-        ]  # fmt: skip
-        cols: dict[str, pa.Array] = {
-            "ts": _ts_us([s.ts for s in samples]),
-            "replica": pa.array([s.replica for s in samples], pa.string()),
-            "model": pa.array([s.model for s in samples], pa.string()),
-            "engine": pa.array([s.engine for s in samples], pa.string()),
-        }
-        for name in scalar:
-            cols[name] = pa.array([getattr(s, name) for s in samples], pa.float64())
-        cols["request_success_by_reason"] = pa.array(
-            [list(s.request_success_by_reason.items()) for s in samples],
-            pa.map_(pa.string(), pa.float64()),
-        )
-        hist = [(s, h) for s in samples for h in s.histograms.values()]
-        with self._lock:
-            n = self._append_rows("engine_samples", cols)
-            if hist:
-                self._append_rows(
-                    "histogram_samples",
-                    {
-                        "ts": _ts_us([s.ts for s, _ in hist]),
-                        "replica": pa.array([s.replica for s, _ in hist], pa.string()),
-                        "model": pa.array([s.model for s, _ in hist], pa.string()),
-                        "metric": pa.array([h.metric for _, h in hist], pa.string()),
-                        "upper_bounds": pa.array(
-                            [h.upper_bounds for _, h in hist], pa.list_(pa.float64())
-                        ),
-                        "cumulative_counts": pa.array(
-                            [h.cumulative_counts for _, h in hist], pa.list_(pa.float64())
-                        ),
-                        "sum": pa.array([h.sum for _, h in hist], pa.float64()),
-                        "count": pa.array([h.count for _, h in hist], pa.float64()),
-                    },
-                )
-        return n
+        return _append.append_engine_samples(self, samples)
 
     def append_gpu_samples(self, samples: Sequence[GpuSample]) -> int:
         if not samples:
@@ -351,11 +250,15 @@ def open_store(
     *,
     read_only: bool = False,
     clock: Callable[[], float] = time.time,
+    verify: bool = False,
 ) -> Store:
     """Open (creating and migrating if needed) the DuckDB file at ``path``.
 
     Raises :class:`StoreBusy` when another process holds the file (a running sidecar): ask
-    its API instead. ``read_only`` requires an existing file.
+    its API instead. ``read_only`` requires an existing file. A file that is truncated or
+    unreadable, that is not slokit's (tables but no ``schema_migrations``: left untouched)
+    or whose schema is newer than this code is :class:`BadInput` with the reason.
+    ``verify`` also checks that every table's blocks are in the file (about 0.2 s per GB).
     """
     p = str(path)
     if read_only and p != ":memory:" and not Path(p).exists():
@@ -372,14 +275,29 @@ def open_store(
         raise BadInput(f"cannot open {p}: {msg}") from None
     except duckdb.Error as exc:
         raise BadInput(f"cannot open {p} as a DuckDB database: {exc}") from None
-    _run(con, "SET TimeZone = 'UTC'")
-    store = Store(con, p, read_only, clock)
-    if not read_only:
-        store.migrate()
-    elif store_version(con) == 0:
+    try:
+        _run(con, "SET TimeZone = 'UTC'")
+        if p != ":memory:":
+            damage = truncation_reason(con, p)
+            if damage is None and verify:
+                damage = missing_blocks_reason(con, p)
+            if damage:
+                raise BadInput(f"{p} is damaged: {damage}; restore it or move it aside")
+        store = Store(con, p, read_only, clock)
+        if not read_only:
+            store.migrate()
+        elif _check_schema(con, p) == 0:
+            raise BadInput(f"{p} is not a slokit database (no schema)")
+    except BaseException as exc:
         con.close()
-        raise BadInput(f"{p} is not a slokit database (no schema)")
+        if isinstance(exc, duckdb.Error | StorageFault):
+            raise BadInput(f"cannot use {p}: {_first_line(exc)}") from None
+        raise
     return store
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def store_version(con: duckdb.DuckDBPyConnection) -> int:
@@ -388,3 +306,27 @@ def store_version(con: duckdb.DuckDBPyConnection) -> int:
     except duckdb.CatalogException:
         return 0
     return int(rows[0][0]) if rows and rows[0][0] is not None else 0
+
+
+def _check_schema(con: duckdb.DuckDBPyConnection, path: str) -> int:
+    """The file's schema version; BadInput for a file that is not slokit's or is newer."""
+    version = store_version(con)
+    if version == 0:
+        rows = con.execute(
+            "SELECT schema_name || '.' || table_name FROM duckdb_tables() "
+            "WHERE database_name = current_database() AND NOT temporary ORDER BY 1"
+        ).fetchall()
+        tables = [r[0] for r in rows if r[0] != "main.schema_migrations"]
+        if tables:
+            more = f" and {len(tables) - 5} more" if len(tables) > 5 else ""
+            shown = ", ".join(tables[:5]) + more
+            raise BadInput(
+                f"{path} is not a slokit database: it holds other tables ({shown}) and no "
+                "schema_migrations; refusing to write into it (pass another --db)"
+            )
+    elif version > LATEST_VERSION:
+        raise BadInput(
+            f"{path} has schema version {version}, newer than this slokit knows "
+            f"({LATEST_VERSION}): upgrade slokit to use it"
+        )
+    return version

@@ -1,12 +1,23 @@
-"""Fragment merge: the SQL that folds a request's fragments into one ``requests`` row.
+"""Fragment merge: how a request's fragments fold into one ``requests`` row.
 
-Every field takes the first non-NULL value in its source precedence, so the result does not
-depend on the order fragments arrived in, and re-ingesting a fragment changes nothing.
-Server-side facts trust vLLM first; the outcome (status, HTTP code, error) trusts the client
-first, since only it saw what the caller got.
+Every field takes the first non-NULL value in its source precedence, ties between fragments of
+one source broken by ``fragment_id``, so the result depends only on the set of fragments: not
+on the order they arrived in, and re-ingesting a fragment changes nothing. Server-side facts
+trust vLLM first; the outcome (status, HTTP code, error) trusts the client first, since only it
+saw what the caller got.
+
+The rule has two implementations that give identical rows (``tests/store``): :func:`merge_sql`
+merges in SQL from the stored fragments (the reference, and ``Store._merge``);
+:func:`merge_batch` merges fragments in memory (Arrow), as the write path does. Each picks the
+facts, then derives what follows from them (timestamps from latencies, TPOT, an ok status).
 """
 
 from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from slokit.records import FRAGMENT_FIELDS
 
@@ -18,6 +29,8 @@ _OUTCOME_FIELDS = frozenset({"status", "http_status", "error_type"})
 MERGED_FIELDS: tuple[str, ...] = tuple(
     f for f in FRAGMENT_FIELDS if f not in ("request_id", "source", "fragment_id")
 )
+_DEFAULT_FIELDS = tuple(f for f in MERGED_FIELDS if f not in _OUTCOME_FIELDS)
+_OUTCOME_FIELDS_ORDERED = tuple(f for f in MERGED_FIELDS if f in _OUTCOME_FIELDS)
 
 
 def _rank(order: tuple[str, ...]) -> str:
@@ -27,7 +40,10 @@ def _rank(order: tuple[str, ...]) -> str:
 
 def _pick(field: str) -> str:
     rank = "rank_outcome" if field in _OUTCOME_FIELDS else "rank_default"
-    return f"arg_min({field}, {rank}) FILTER (WHERE {field} IS NOT NULL) AS {field}"
+    return (
+        f"arg_min({field}, {{'r': {rank}, 'f': fragment_id}}) "
+        f"FILTER (WHERE {field} IS NOT NULL) AS {field}"
+    )
 
 
 def sql_string_list(values: list[str]) -> str:
@@ -36,25 +52,12 @@ def sql_string_list(values: list[str]) -> str:
     return ", ".join("'" + v.replace("'", "''") + "'" for v in values)
 
 
-def merge_sql(ids_filter: str) -> str:
-    """SQL selecting merged ``requests`` rows for the fragments matching ``ids_filter``
-    (a predicate on ``request_id``, e.g. ``request_id IN ('a', 'b')``)."""
-    picks = ",\n    ".join(_pick(f) for f in MERGED_FIELDS)
-    cols = ", ".join(MERGED_FIELDS)
+def derive_sql(relation: str) -> str:
+    """SQL selecting ``requests`` rows (in the table's column order) from ``relation``, which
+    holds one row per request of picked facts: ``request_id``, the :data:`MERGED_FIELDS` and
+    ``sources`` (the sorted distinct sources). Timestamps, TPOT and an ok status that the
+    facts imply are filled in here (:func:`derive_arrow` is the same in memory)."""
     return f"""
-WITH frag AS (
-    SELECT request_id, source, {cols},
-           {_rank(_DEFAULT_ORDER)} AS rank_default,
-           {_rank(_OUTCOME_ORDER)} AS rank_outcome
-    FROM request_fragments
-    WHERE {ids_filter}
-), picked AS (
-    SELECT request_id,
-    {picks},
-    list_sort(list_distinct(list(source))) AS sources
-    FROM frag
-    GROUP BY request_id
-)
 SELECT
     request_id, trace_id, replica, model, tenant, slo_class, task_id,
     arrival_ts,
@@ -70,5 +73,122 @@ SELECT
     http_status, error_type, quality_pass,
     sources,
     now() AS updated_at
-FROM picked
+FROM {relation}
 """
+
+
+def merge_sql(ids_filter: str) -> str:
+    """SQL selecting merged ``requests`` rows for the fragments matching ``ids_filter``
+    (a predicate on ``request_id``, e.g. ``request_id IN ('a', 'b')``)."""
+    picks = ",\n    ".join(_pick(f) for f in MERGED_FIELDS)
+    cols = ", ".join(MERGED_FIELDS)
+    return f"""
+WITH frag AS (
+    SELECT request_id, source, fragment_id, {cols},
+           {_rank(_DEFAULT_ORDER)} AS rank_default,
+           {_rank(_OUTCOME_ORDER)} AS rank_outcome
+    FROM request_fragments
+    WHERE {ids_filter}
+), picked AS (
+    SELECT request_id,
+    {picks},
+    list_sort(list_distinct(list(source))) AS sources
+    FROM frag
+    GROUP BY request_id
+)
+{derive_sql("picked")}
+"""
+
+
+def _rank_array(source: pa.ChunkedArray, order: tuple[str, ...]) -> pa.Array:
+    ranks = pc.index_in(source, value_set=pa.array(order, pa.string()))
+    return pc.fill_null(ranks, len(order))
+
+
+def pick_fragments(batch: pa.Table) -> pa.Table:
+    """The picked facts of each request in ``batch`` (fragments with distinct fragment ids,
+    columns named as RequestFragment), one row per request: ``request_id``, the
+    :data:`MERGED_FIELDS` and ``sources``, the relation :func:`derive_sql` reads.
+
+    The same rule as :func:`merge_sql`, computed in memory: a request with one fragment
+    keeps its values; several fragments of one request are ordered by (source rank,
+    fragment_id) and each field takes the first non-null value."""
+    n = batch.num_rows
+    source = batch.column("source")
+    if pc.count_distinct(batch.column("request_id")).as_py() == n:
+        offsets = pa.array(range(n + 1), pa.int32())
+        sources = pa.ListArray.from_arrays(offsets, source.combine_chunks())
+        same = [batch.column(f) for f in ("request_id", *MERGED_FIELDS)]
+        return pa.table([*same, sources], names=["request_id", *MERGED_FIELDS, "sources"])
+    keyed = batch.select(["request_id", "fragment_id", "source", *MERGED_FIELDS])
+    default = _first_per_request(keyed, _rank_array(source, _DEFAULT_ORDER), _DEFAULT_FIELDS)
+    outcome = _first_per_request(
+        keyed, _rank_array(source, _OUTCOME_ORDER), _OUTCOME_FIELDS_ORDERED
+    )
+    distinct = default.column("source_distinct").to_pylist()
+    cols: dict[str, Any] = {"request_id": default.column("request_id")}
+    for f in MERGED_FIELDS:
+        picked = outcome if f in _OUTCOME_FIELDS else default
+        cols[f] = picked.column(f"{f}_first")
+    cols["sources"] = pa.array([sorted(s) for s in distinct], pa.list_(pa.string()))
+    return pa.table(cols)
+
+
+def _first_per_request(keyed: pa.Table, rank: pa.Array, fields: tuple[str, ...]) -> pa.Table:
+    """Per request_id (in sorted order), the first non-null value of each field in
+    (rank, fragment_id) order, and the distinct sources."""
+    ordered = keyed.append_column("_rank", rank).sort_by(
+        [("request_id", "ascending"), ("_rank", "ascending"), ("fragment_id", "ascending")]
+    )
+    grouped = pa.TableGroupBy(ordered, "request_id", use_threads=False).aggregate(
+        [(f, "first") for f in fields] + [("source", "distinct")]
+    )
+    return grouped.sort_by("request_id")
+
+
+def merge_batch(batch: pa.Table) -> pa.Table:
+    """The ``requests`` rows of the requests in ``batch`` merged from its fragments alone
+    (:func:`merge_sql`'s result for requests with no other fragments), in the table's column
+    order, without ``updated_at``."""
+    return derive_arrow(pick_fragments(batch))
+
+
+def _micros(seconds: pa.ChunkedArray) -> pa.ChunkedArray:
+    # CAST(x * 1e6 AS BIGINT) in DuckDB rounds half away from zero.
+    scaled = pc.round(pc.multiply(seconds, 1e6), round_mode="half_towards_infinity")
+    return pc.cast(pc.cast(scaled, pa.int64()), pa.duration("us"))
+
+
+def derive_arrow(picked: pa.Table) -> pa.Table:
+    """:func:`derive_sql` computed in Arrow (every column but ``updated_at``)."""
+    col = picked.column
+    arrival = col("arrival_ts")
+    derived = {
+        "first_token_ts": pc.coalesce(
+            col("first_token_ts"), pc.add_checked(arrival, _micros(col("ttft_s")))
+        ),
+        "finish_ts": pc.coalesce(col("finish_ts"), pc.add_checked(arrival, _micros(col("e2e_s")))),
+    }
+    out_tokens = col("output_tokens")
+    implied_tpot = pc.if_else(
+        pc.greater(out_tokens, 1),
+        pc.divide(
+            pc.subtract(col("e2e_s"), col("ttft_s")),
+            pc.cast(pc.subtract(out_tokens, 1), pa.float64()),
+        ),
+        pa.scalar(None, pa.float64()),
+    )
+    derived["tpot_s"] = pc.coalesce(col("tpot_s"), implied_tpot)
+    from_vllm = _contains(col("sources"), "vllm")
+    derived["status"] = pc.coalesce(
+        col("status"), pc.if_else(from_vllm, pa.scalar("ok"), pa.scalar(None, pa.string()))
+    )
+    names = ["request_id", *MERGED_FIELDS, "sources"]
+    return pa.table([derived.get(n, col(n)) for n in names], names=names)
+
+
+def _contains(lists: pa.ChunkedArray, value: str) -> pa.Array:
+    """Per row of a list<string> column: does the list hold ``value``."""
+    lists = lists.combine_chunks() if isinstance(lists, pa.ChunkedArray) else lists
+    rows = pc.list_parent_indices(lists).filter(pc.equal(pc.list_flatten(lists), value))
+    return pc.is_in(pa.array(range(len(lists)), pa.int64()), value_set=rows)

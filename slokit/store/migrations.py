@@ -151,4 +151,55 @@ CREATE TABLE ingest_rejections (
 );
 """,
     ),
+    Migration(
+        2,
+        "requests keyed by request_id",
+        # The primary key replaces the plain index: a commit appends the rows of new requests
+        # and learns from the key which requests already had a row (see slokit.store.append).
+        # DuckDB cannot swap an index for a key in one transaction: the table is rebuilt.
+        f"""
+CREATE TABLE requests_keyed (
+    request_id VARCHAR PRIMARY KEY,
+    {_REQUEST_COLUMNS},
+    sources VARCHAR[] NOT NULL,
+    updated_at TIMESTAMPTZ NOT NULL
+);
+INSERT INTO requests_keyed SELECT DISTINCT ON (request_id) * FROM requests;
+DROP TABLE requests;
+ALTER TABLE requests_keyed RENAME TO requests;
+""",
+    ),
+    Migration(
+        3,
+        "histograms in the engine sample's row",
+        # One insert per scrape instead of two; histogram_samples stays readable as a view.
+        """
+ALTER TABLE engine_samples ADD COLUMN histograms STRUCT(
+    metric VARCHAR, upper_bounds DOUBLE[], cumulative_counts DOUBLE[], sum DOUBLE, count DOUBLE
+)[];
+CREATE TEMPORARY TABLE _histograms AS
+SELECT ts, replica, model,
+       list_sort(list_distinct(list({'metric': metric, 'upper_bounds': upper_bounds,
+           'cumulative_counts': cumulative_counts, 'sum': sum, 'count': count}))) AS hs
+FROM histogram_samples
+GROUP BY ts, replica, model;
+UPDATE engine_samples AS e SET histograms = h.hs FROM _histograms AS h
+WHERE e.ts = h.ts AND e.replica = h.replica AND e.model = h.model;
+INSERT INTO engine_samples (ts, replica, model, histograms)
+SELECT h.ts, h.replica, h.model, h.hs FROM _histograms AS h
+WHERE NOT EXISTS (
+    SELECT 1 FROM engine_samples AS e
+    WHERE e.ts = h.ts AND e.replica = h.replica AND e.model = h.model
+);
+DROP TABLE _histograms;
+DROP TABLE histogram_samples;
+CREATE VIEW histogram_samples AS
+SELECT ts, replica, model, h.metric AS metric, h.upper_bounds AS upper_bounds,
+       h.cumulative_counts AS cumulative_counts, h.sum AS sum, h.count AS count
+FROM (SELECT ts, replica, model, unnest(histograms) AS h FROM engine_samples);
+""",
+    ),
 )
+
+#: The newest schema this code knows; a file with a newer one is refused, not guessed at.
+LATEST_VERSION = max(m.version for m in MIGRATIONS)

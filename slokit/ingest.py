@@ -3,17 +3,52 @@
 Each file is all-or-nothing: it is parsed whole before anything is written, so a bad file
 writes nothing and is reported (and counted in ``ingest_rejections``); the good files of the
 same call are kept.
+
+Memory stays bounded by the limit, not by the file: an OTLP file is decompressed in a stream
+that stops at ``max_bytes`` (a gzip bomb costs at most that), and a file bigger than the limit
+is refused before it is read. A metric file over :data:`METRICS_BUCKET_BYTES` is split on disk
+by sample timestamp into buckets that each hold whole scrapes (every sample of one timestamp),
+and the buckets are parsed one at a time, so the parser's per-sample objects exist for one
+bucket at a time instead of the whole file.
 """
 
 from __future__ import annotations
 
+import math
+import re
+import tempfile
+import zlib
+from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, cast
 
 from slokit.errors import BadInput
 from slokit.records import EngineSample, GpuSample, RequestFragment
 from slokit.store.db import Store
+
+#: Default limit on an OTLP file's (decompressed) size: the sidecar's body limit.
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+#: Environment variable that sets ``slokit ingest otlp --max-bytes``.
+MAX_BYTES_ENV = "SLOKIT_INGEST_MAX_BYTES"
+#: Metric files are parsed in buckets of about this much text.
+METRICS_BUCKET_BYTES = 4 * 1024 * 1024
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def parse_size(text: str) -> int:
+    """``'200M'`` -> 209715200. Units K, M, G, T are powers of 1024 (``MiB`` and ``MB`` alike);
+    a bare number is bytes. BadInput for anything else or for zero."""
+    m = _SIZE.match(str(text))
+    if not m:
+        raise BadInput(f"not a size: {text!r} (expected bytes, or e.g. 64M, 1.5G)")
+    n = int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+    if n <= 0:
+        raise BadInput(f"a size must be > 0, got {text!r}")
+    return n
 
 
 @dataclass
@@ -26,6 +61,7 @@ class IngestReport:
     gpu_samples: int = 0
     skipped_spans: int = 0
     rejected_spans: int = 0
+    rejection_reasons: dict[str, int] = field(default_factory=dict)  # reason -> spans
     bad_files: list[tuple[str, str]] = field(default_factory=list)
 
     @property
@@ -83,28 +119,91 @@ def _store_fragments(store: Store, report: IngestReport, frags: list[RequestFrag
     report.requests += res.requests_touched
 
 
+def _too_big(path: Path, what: str, max_bytes: int) -> BadInput:
+    from slokit.sources.otlp import PayloadTooLarge
+
+    return PayloadTooLarge(
+        f"{path}: {what} exceeds the {max_bytes}-byte limit; raise it with --max-bytes "
+        f"(or {MAX_BYTES_ENV}) if the file is genuine"
+    )
+
+
+def _gunzip(f: IO[bytes], path: Path, max_bytes: int) -> bytearray:
+    """Inflate a gzip stream (one or more members) chunk by chunk, stopping past
+    ``max_bytes``: memory holds at most the limit, whatever the file expands to."""
+    out = bytearray()
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    member_open = False
+    try:
+        while chunk := f.read(1 << 20):
+            data = chunk
+            while data:
+                member_open = True
+                out += d.decompress(data, max_bytes + 1 - len(out))
+                if len(out) > max_bytes:
+                    raise _too_big(path, "the decompressed content", max_bytes)
+                if d.eof:  # a member ends; another may follow
+                    data = d.unused_data
+                    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                    member_open = False
+                else:
+                    data = d.unconsumed_tail
+    except zlib.error as exc:
+        raise BadInput(f"{path}: corrupt gzip: {exc}") from None
+    if member_open:
+        raise BadInput(f"{path}: truncated gzip")
+    return out
+
+
+def read_otlp_file(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[bytes, str]:
+    """(body, content type) of an OTLP file: gzip undone in bounded memory, JSON told from
+    protobuf by its first byte. Over ``max_bytes`` (on disk or decompressed) is refused."""
+    try:
+        with path.open("rb") as f:
+            if f.read(2) == b"\x1f\x8b":
+                f.seek(0)
+                body: bytes | bytearray = _gunzip(f, path, max_bytes)
+            else:
+                size = path.stat().st_size
+                if size > max_bytes:
+                    raise _too_big(path, f"its size ({size} bytes)", max_bytes)
+                f.seek(0)
+                body = f.read()
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot read: {exc.strerror or exc}") from None
+    start = re.compile(rb"\s*").match(body)
+    first = body[start.end() : start.end() + 1] if start else b""
+    ct = "application/json" if first in (b"{", b"[") else "application/x-protobuf"
+    # protobuf and json read any buffer: no copy of a bytearray body
+    return cast(bytes, body), ct
+
+
 def ingest_otlp(
     store: Store,
     paths: Iterable[str | Path],
     *,
     replica: str | None = None,
-    max_bytes: int = 64 * 1024 * 1024,
+    max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> IngestReport:
-    """OTLP ``ExportTraceServiceRequest`` files (.pb, .json, gzip or not)."""
-    from slokit.sources.otlp import decode_traces, sniff_file
+    """OTLP ``ExportTraceServiceRequest`` files (.pb, .json, gzip or not), each at most
+    ``max_bytes`` decompressed."""
+    from slokit.sources.otlp import decode_traces
 
     report = IngestReport()
     files = expand_paths(paths, ["*.pb", "*.json", "*.pb.gz", "*.json.gz", "*.otlp"])
 
     def handle(path: Path) -> None:
-        body, ct, enc = sniff_file(_read(path))
-        decoded = decode_traces(body, ct, enc, max_bytes=max_bytes, default_replica=replica)
+        body, ct = read_otlp_file(path, max_bytes)
+        decoded = decode_traces(body, ct, None, max_bytes=max_bytes, default_replica=replica)
+        del body
         if decoded.rejected:
             store.record_rejection(
                 "otlp", "rejected spans", decoded.rejected, f"{path}: {decoded.rejection_reasons}"
             )
         report.skipped_spans += decoded.skipped
         report.rejected_spans += decoded.rejected
+        for reason, n in decoded.rejection_reasons.items():
+            report.rejection_reasons[reason] = report.rejection_reasons.get(reason, 0) + n
         _store_fragments(store, report, decoded.fragments)
 
     return _each_file(store, report, files, "otlp", handle)
@@ -123,9 +222,11 @@ def ingest_metrics(
     *,
     instance: str | None = None,
     default_ts: float | None = None,
+    bucket_bytes: int = METRICS_BUCKET_BYTES,
 ) -> IngestReport:
     """Prometheus text / OpenMetrics files, with sample timestamps (recorded history) or without
-    (a saved scrape: its samples take ``default_ts``, else the file's modification time)."""
+    (a saved scrape: its samples take ``default_ts``, else the file's modification time).
+    Files over ``bucket_bytes`` are parsed in buckets of whole timestamps (module doc)."""
     from slokit.sources.files import parse_metrics_file
 
     report = IngestReport()
@@ -133,12 +234,128 @@ def ingest_metrics(
 
     def handle(path: Path) -> None:
         ts = default_ts if default_ts is not None else path.stat().st_mtime
-        recs = parse_metrics_file(_read(path), name=str(path), instance=instance, default_ts=ts)
-        if not recs.engine_samples and not recs.gpu_samples:
+        if path.stat().st_size <= bucket_bytes:
+            recs = parse_metrics_file(_read(path), name=str(path), instance=instance, default_ts=ts)
+            engine, gpu = recs.engine_samples, recs.gpu_samples
+        else:
+            engine, gpu = _metrics_in_buckets(path, instance, ts, bucket_bytes)
+        if not engine and not gpu:
             raise BadInput(f"{path}: no vLLM or DCGM series found")
-        store_samples(store, report, recs.engine_samples, recs.gpu_samples)
+        store_samples(store, report, engine, gpu)
 
     return _each_file(store, report, files, "metrics", handle)
+
+
+class _Misbucketed(Exception):
+    """A sample's timestamp, as the parser read it, is not the one it was bucketed by."""
+
+
+def _ts_key(line: str, om: bool, default: int | None) -> int | None:
+    """floor(seconds) of a sample line's timestamp (``default`` when it has none); None
+    when unreadable (the parser will say why)."""
+    body = line
+    if om:
+        cut = body.find(" # {")  # an exemplar
+        if cut != -1:
+            body = body[:cut]
+    end = body.rfind("}")
+    rest = body[end + 1 :].split() if end != -1 else body.split()[1:]
+    if len(rest) < 2:
+        return default
+    try:
+        ts = float(rest[1])
+        return math.floor(ts if om else ts / 1000.0)  # classic text: milliseconds
+    except (ValueError, OverflowError):
+        return None
+
+
+def _bucket(key: int, k: int) -> int:
+    """Bucket of a whole second: hashed, since scrape times are evenly spaced (every 15 s
+    would put every sample of a file in one bucket of three)."""
+    return (((key * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF) >> 32) % k
+
+
+def _metrics_in_buckets(
+    path: Path, instance: str | None, default_ts: float, bucket_bytes: int
+) -> tuple[list[EngineSample], list[GpuSample]]:
+    """Parse a big metric file one bucket of whole timestamps at a time (module doc).
+
+    Every line that is not a sample (metadata, ``# EOF``, blank) goes to every bucket in its
+    place, so each bucket is a valid file of its own; errors name the file's own line."""
+    from slokit.sources.files import parse_metrics_file
+
+    size = path.stat().st_size
+    k = max(1, min(256, math.ceil(size / bucket_bytes)))
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, size - 4096))
+            tail = f.read()
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot read: {exc.strerror or exc}") from None
+    om = tail.rstrip(b"\n").rsplit(b"\n", 1)[-1].strip() == b"# EOF"
+    default = math.floor(default_ts)
+    with tempfile.TemporaryDirectory(prefix="slokit-ingest-") as tmp:
+        outs = [open(Path(tmp) / f"{i}.txt", "w", encoding="utf-8") for i in range(k)]  # noqa: SIM115
+        lines = [array("I") for _ in range(k)]  # bucket line -> the file's line
+        used = [False] * k
+        try:
+            with path.open("rb") as f:
+                for lineno, raw in enumerate(f, start=1):
+                    try:
+                        line = raw.decode("utf-8")
+                    except UnicodeDecodeError:
+                        raise BadInput(f"{path}:{lineno}: invalid UTF-8") from None
+                    stripped = line.strip()
+                    if stripped and not stripped.startswith("#"):
+                        key = _ts_key(stripped, om, default)
+                        b = 0 if key is None else _bucket(key, k)
+                        outs[b].write(line)
+                        lines[b].append(lineno)
+                        used[b] = True
+                    else:
+                        for b in range(k):
+                            outs[b].write(line)
+                            lines[b].append(lineno)
+        except OSError as exc:
+            raise BadInput(f"{path}: cannot read: {exc.strerror or exc}") from None
+        finally:
+            for o in outs:
+                o.close()
+        engine: list[EngineSample] = []
+        gpu: list[GpuSample] = []
+        try:
+            for b in range(k):
+                if not used[b]:
+                    continue
+                data = (Path(tmp) / f"{b}.txt").read_bytes()
+                try:
+                    recs = parse_metrics_file(
+                        data, name=str(path), instance=instance, default_ts=default_ts
+                    )
+                except BadInput as exc:
+                    raise _relined(exc, lines[b]) from None
+                del data
+                stamps = [r.ts for r in recs.engine_samples] + [r.ts for r in recs.gpu_samples]
+                if any(_bucket(math.floor(ts), k) != b for ts in stamps):
+                    raise _Misbucketed
+                engine.extend(recs.engine_samples)
+                gpu.extend(recs.gpu_samples)
+        except _Misbucketed:  # this file's lines defeat the split: parse it whole
+            recs = parse_metrics_file(
+                _read(path), name=str(path), instance=instance, default_ts=default_ts
+            )
+            return recs.engine_samples, recs.gpu_samples
+    return engine, gpu
+
+
+def _relined(exc: BadInput, lines: array[int]) -> BadInput:
+    """``exc`` with its ``line N`` (of a bucket) as the file's own line number."""
+
+    def fix(m: re.Match[str]) -> str:
+        n = int(m.group(1))
+        return f"line {lines[n - 1]}" if 0 < n <= len(lines) else m.group(0)
+
+    return BadInput(re.sub(r"\bline (\d+)", fix, str(exc), count=1))
 
 
 def ingest_requests(store: Store, paths: Iterable[str | Path]) -> IngestReport:

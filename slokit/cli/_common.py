@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import click
 
-from slokit.errors import SlokitError
+from slokit.errors import BadInput, SlokitError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -34,7 +34,10 @@ def db_option(f: F) -> F:
 
 
 def handle_errors(f: F) -> F:
-    """Turn library errors into a one-line message on stderr and the error's exit code."""
+    """Turn library errors into a one-line message on stderr and the error's exit code.
+
+    A DuckDB error that escapes a command (a read that reaches a damaged part of the file) is
+    bad input too: exit 2 naming the database, never a traceback."""
 
     @functools.wraps(f)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -43,8 +46,29 @@ def handle_errors(f: F) -> F:
         except SlokitError as exc:
             click.echo(f"slokit: {exc}", err=True)
             sys.exit(exc.exit_code)
+        except Exception as exc:
+            message = database_error(exc, kwargs.get("db"))
+            if message is None:
+                raise
+            click.echo(f"slokit: {message}", err=True)
+            sys.exit(BadInput.exit_code)
 
     return wrapper  # type: ignore[return-value]
+
+
+def database_error(exc: BaseException, db: object = None) -> str | None:
+    """One line for a DuckDB error or a storage fault such as a full volume (None for any
+    other error). They are looked up among the loaded modules: a command that never loaded
+    DuckDB cannot be failing with its error, and needs no time to import it here."""
+    duckdb, faults = sys.modules.get("duckdb"), sys.modules.get("slokit.store.faults")
+    if faults is not None and isinstance(exc, faults.StorageFault):
+        return f"cannot write the database {exc}"  # the fault's text starts with the path
+    if duckdb is None or not isinstance(exc, duckdb.Error):
+        return None
+    lines = str(exc).strip().splitlines()
+    detail = lines[0] if lines else type(exc).__name__
+    where = db if isinstance(db, str) and db else default_db()
+    return f"cannot read the database {where} (damaged?): {detail}"
 
 
 def print_json(obj: Any) -> None:

@@ -21,7 +21,8 @@ def _report(rep: object) -> None:
     if rep.skipped_spans:
         parts.append(f"{rep.skipped_spans} spans skipped (not request spans)")
     if rep.rejected_spans:
-        parts.append(f"{rep.rejected_spans} spans rejected")
+        why = ", ".join(f"{n} {r}" for r, n in sorted(rep.rejection_reasons.items()))
+        parts.append(f"{rep.rejected_spans} spans rejected ({why})")
     if rep.engine_samples or rep.gpu_samples:
         parts.append(f"{rep.engine_samples} engine samples, {rep.gpu_samples} GPU samples")
     click.echo("ingested " + ", ".join(parts))
@@ -36,18 +37,40 @@ def command() -> None:
     """Load OTLP exports, metric files, client records or quality results into the store."""
 
 
+def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    from slokit.errors import BadInput
+    from slokit.ingest import parse_size
+
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except BadInput as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 @command.command("otlp")
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @click.option("--replica", help="Replica name for spans whose resource has no k8s.pod.name.")
+@click.option(
+    "--max-bytes",
+    metavar="SIZE",
+    envvar="SLOKIT_INGEST_MAX_BYTES",
+    callback=_size,
+    help="Largest file accepted, decompressed (e.g. 200M, 1G; powers of 1024); bigger ones "
+    "are refused before they fill memory. [default: 64M]",
+)
 @db_option
 @handle_errors
-def otlp(paths: tuple[str, ...], replica: str | None, db: str) -> None:
+def otlp(paths: tuple[str, ...], replica: str | None, max_bytes: int | None, db: str) -> None:
     """OTLP ExportTraceServiceRequest files (.pb or OTLP JSON, gzip or not) or directories."""
-    from slokit.ingest import ingest_otlp
+    from slokit.ingest import DEFAULT_MAX_BYTES, ingest_otlp
     from slokit.store.db import open_store
 
     with open_store(db) as store:
-        _report(ingest_otlp(store, paths, replica=replica))
+        _report(
+            ingest_otlp(store, paths, replica=replica, max_bytes=max_bytes or DEFAULT_MAX_BYTES)
+        )
 
 
 @command.command("metrics")

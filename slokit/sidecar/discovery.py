@@ -8,6 +8,7 @@ alive, so the command can ask the API instead (:class:`slokit.client.SidecarClie
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -18,10 +19,16 @@ def discovery_path(db: str | Path) -> Path:
 
 
 def write_discovery(db: str | Path, api_url: str, *, pid: int | None = None) -> Path:
+    """Write the file atomically; OSError (a full or read-only volume) leaves nothing behind."""
     p = discovery_path(db)
     tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps({"api": api_url, "pid": pid or os.getpid()}))
-    tmp.replace(p)
+    try:
+        tmp.write_text(json.dumps({"api": api_url, "pid": pid or os.getpid()}))
+        tmp.replace(p)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
     return p
 
 

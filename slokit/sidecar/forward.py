@@ -1,22 +1,128 @@
-"""Forward received OTLP bodies, unchanged, to an upstream OTLP/HTTP endpoint.
+"""Forward received OTLP bodies to an upstream OTLP/HTTP endpoint, without prompt and
+completion content unless ``forward_content`` opts in.
 
 Ingest never waits for the upstream: bodies go into a bounded queue (by count and bytes) and
 one task posts them; when the queue is full or the upstream fails, the body is dropped and
 counted in ``slokit_dropped_total{reason="forward_queue_full"|"forward_failed"}``.
+
+Content (:func:`is_content_attribute`, :func:`is_content_event`: the prompt, the completion,
+input/output messages and system instructions, as attributes or as events) is what slokit
+never stores; it does not leave the pod through the forwarder either. A body that names none
+of it is forwarded byte for byte; one that does is decoded, stripped (the span's
+``dropped_attributes_count``/``dropped_events_count`` say how much) and re-encoded as
+protobuf, compressed as it came. A body that cannot be checked is not forwarded
+(``forward_failed``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import logging
+import zlib
 from collections import deque
+from typing import Any
 
 import httpx
 
+from slokit.errors import BadInput
 from slokit.sidecar.metrics import SidecarMetrics
 
 log = logging.getLogger("slokit.sidecar.forward")
+
+
+#: Attributes that carry prompt or completion content (GenAI semantic conventions, current and
+#: older): exact names, and prefixes of indexed forms such as ``gen_ai.prompt.0.content``.
+CONTENT_ATTRIBUTES = frozenset(
+    {
+        "gen_ai.prompt",
+        "gen_ai.completion",
+        "gen_ai.input.messages",
+        "gen_ai.output.messages",
+        "gen_ai.system_instructions",
+    }
+)
+_CONTENT_PREFIXES = ("gen_ai.prompt.", "gen_ai.completion.")
+#: Events whose body or attributes are content (older GenAI conventions).
+CONTENT_EVENTS = frozenset(
+    {
+        "gen_ai.user.message",
+        "gen_ai.system.message",
+        "gen_ai.assistant.message",
+        "gen_ai.tool.message",
+        "gen_ai.choice",
+    }
+)
+_CONTENT_EVENT_PREFIX = "gen_ai.content."
+#: A body with none of these byte strings holds no content (checked before decoding).
+_MARKERS = (
+    *(k.encode() for k in sorted(CONTENT_ATTRIBUTES)),
+    *(e.encode() for e in sorted(CONTENT_EVENTS)),
+    _CONTENT_EVENT_PREFIX.encode(),
+)
+
+
+def is_content_attribute(key: str) -> bool:
+    return key in CONTENT_ATTRIBUTES or key.startswith(_CONTENT_PREFIXES)
+
+
+def is_content_event(name: str) -> bool:
+    return name in CONTENT_EVENTS or name.startswith(_CONTENT_EVENT_PREFIX)
+
+
+def _strip_attributes(holder: Any) -> int:
+    kept = [kv for kv in holder.attributes if not is_content_attribute(kv.key)]
+    removed = len(holder.attributes) - len(kept)
+    if removed:
+        del holder.attributes[:]
+        holder.attributes.extend(kept)
+        holder.dropped_attributes_count += removed
+    return removed
+
+
+def strip_content(msg: Any) -> int:
+    """Remove content attributes and events from an ExportTraceServiceRequest in place;
+    returns how many attributes and events went."""
+    n = 0
+    for rs in msg.resource_spans:
+        n += _strip_attributes(rs.resource)
+        for ss in rs.scope_spans:
+            for span in ss.spans:
+                n += _strip_attributes(span)
+                events = [e for e in span.events if not is_content_event(e.name)]
+                gone = len(span.events) - len(events)
+                if gone:
+                    del span.events[:]
+                    span.events.extend(events)
+                    span.dropped_events_count += gone
+                    n += gone
+                for event in span.events:
+                    n += _strip_attributes(event)
+                for link in span.links:
+                    n += _strip_attributes(link)
+    return n
+
+
+def without_content(
+    body: bytes, content_type: str, encoding: str | None, *, max_bytes: int
+) -> tuple[bytes, str, str | None]:
+    """``body`` with its content removed (see the module doc); BadInput if undecodable."""
+    from slokit.sources.otlp import decompress, parse_request
+
+    raw = decompress(body, encoding, max_bytes)
+    if not any(m in raw for m in _MARKERS):
+        return body, content_type, encoding
+    msg = parse_request(raw, content_type)
+    if not strip_content(msg):  # the words appeared, but not as content
+        return body, content_type, encoding
+    out = msg.SerializeToString()
+    enc = (encoding or "").strip().lower()
+    if enc in ("gzip", "x-gzip"):
+        return gzip.compress(out, compresslevel=1), "application/x-protobuf", "gzip"
+    if enc == "deflate":
+        return zlib.compress(out, 1), "application/x-protobuf", "deflate"
+    return out, "application/x-protobuf", None
 
 
 def traces_url(url: str) -> str:
@@ -36,11 +142,15 @@ class Forwarder:
         timeout_s: float = 10.0,
         token: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        forward_content: bool = False,
+        max_body_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         self.url = traces_url(url)
         self.metrics = metrics
         self.max_items = max_items
         self.max_bytes = max_bytes
+        self.forward_content = forward_content
+        self.max_body_bytes = max_body_bytes
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._client = httpx.AsyncClient(transport=transport, timeout=timeout_s, headers=headers)
         self._queue: deque[tuple[bytes, str, str | None]] = deque()
@@ -65,6 +175,15 @@ class Forwarder:
             while self._queue:
                 body, ct, enc = self._queue.popleft()
                 self._bytes -= len(body)
+                if not self.forward_content:
+                    try:
+                        body, ct, enc = await asyncio.to_thread(
+                            without_content, body, ct, enc, max_bytes=self.max_body_bytes
+                        )
+                    except BadInput as exc:  # never forward what could not be checked
+                        log.warning("not forwarding a body that cannot be decoded: %s", exc)
+                        self.metrics.dropped.labels(reason="forward_failed").inc()
+                        continue
                 headers = {"Content-Type": ct}
                 if enc:
                     headers["Content-Encoding"] = enc

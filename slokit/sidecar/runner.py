@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -23,10 +24,19 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from slokit.errors import BadInput
-from slokit.sidecar.api import Api
+from slokit.sidecar.api import MAX_LINE_BYTES, Api
 from slokit.sidecar.config import SidecarConfig, split_host_port
-from slokit.sidecar.discovery import remove_discovery, write_discovery
+from slokit.sidecar.connections import (
+    ConnectionGuard,
+    ConnectionMetrics,
+    GuardedSite,
+    Limits,
+    fit_caps,
+    handler_kwargs,
+)
+from slokit.sidecar.discovery import discovery_path, remove_discovery, write_discovery
 from slokit.sidecar.forward import Forwarder
+from slokit.sidecar.labels import label_limits
 from slokit.sidecar.metrics import SidecarMetrics
 from slokit.sidecar.otlp_http import OtlpHttpReceiver
 from slokit.sidecar.otlp_ingest import OtlpIngest
@@ -35,22 +45,47 @@ from slokit.sidecar.scrape import NvmlLoop, Scraper
 from slokit.sidecar.sli import SliAccountant
 from slokit.sidecar.writer import Writer
 from slokit.store.db import Store, open_store
+from slokit.store.faults import inspect_wal
 
 log = logging.getLogger("slokit.sidecar")
 
 
+def _aside(wal: Path, what: str) -> Path:
+    return wal.with_name(f"{wal.name}.{what}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+
+
 def open_store_quarantining(path: str, metrics: SidecarMetrics) -> Store:
-    """Open the store; if DuckDB cannot replay its WAL, set the WAL aside loudly and retry."""
-    try:
+    """Open the store, saying what became of its WAL.
+
+    DuckDB replays the complete commits of a WAL and drops a torn tail, and ignores a WAL it
+    does not recognise, both silently: the WAL is walked first (slokit.store.faults), and
+    either case is logged, counted in ``slokit_wal_damaged_total{kind}`` and a copy kept
+    beside it. A WAL DuckDB refuses to replay is set aside whole and the store opened without
+    it (``slokit_wal_quarantined_total``). After a replay the store is checkpointed at once,
+    so a later problem with the WAL cannot cost those records. A truncated, foreign or
+    newer-schema file raises BadInput (the sidecar exits with that line).
+    """
+    if path == ":memory:":
         return open_store(path)
+    wal = Path(path + ".wal")
+    check = inspect_wal(wal)
+    copy: Path | None = None
+    if check is not None and check.state in ("torn_tail", "unreadable"):
+        copy = _aside(wal, "torn" if check.state == "torn_tail" else "unreadable")
+        try:
+            shutil.copyfile(wal, copy)
+        except OSError as exc:  # a full volume: say so, the replay goes ahead regardless
+            log.error("cannot keep a copy of the damaged WAL %s at %s: %s", wal, copy, exc)
+            copy = None
+    try:
+        store = open_store(path, verify=True)
     except BadInput as exc:
-        wal = Path(path + ".wal")
         if "WAL" not in str(exc) or not wal.exists():
             raise
-        aside = wal.with_name(
-            f"{wal.name}.quarantined-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
-        )
+        aside = _aside(wal, "quarantined")
         wal.rename(aside)
+        if copy is not None:
+            copy.unlink(missing_ok=True)  # the whole WAL is set aside instead
         metrics.wal_quarantined.inc()
         log.error(
             "CORRUPT WAL: %s could not be replayed (%s); moved to %s and starting without it. "
@@ -59,7 +94,30 @@ def open_store_quarantining(path: str, metrics: SidecarMetrics) -> Store:
             exc,
             aside,
         )
-        return open_store(path)
+        return open_store(path, verify=True)
+    if check is not None and check.state == "torn_tail":
+        metrics.wal_damaged.labels(kind="torn_tail").inc()
+        log.error(
+            "TORN WAL: %s ends inside a transaction: its %d complete commits were replayed and "
+            "the last %d bytes (an unfinished commit: a crash while writing, or a lost write) "
+            "were dropped; the WAL as found is at %s.",
+            wal, check.commits, check.dropped, copy,
+        )  # fmt: skip
+    elif check is not None and check.state == "unreadable":
+        metrics.wal_damaged.labels(kind="discarded").inc()
+        log.error(
+            "UNREADABLE WAL: %s (%d bytes) is not a WAL DuckDB can replay, and DuckDB ignores "
+            "it: records written since the last checkpoint are only in its copy at %s.",
+            wal, check.size, copy,
+        )  # fmt: skip
+    elif check is not None and check.state == "unknown":
+        log.info("the WAL %s has a header this slokit cannot walk; DuckDB replayed it", wal)
+    if check is not None:
+        try:  # the replayed records into the file, the WAL emptied
+            store.con.execute("CHECKPOINT").fetchall()
+        except Exception as exc:  # e.g. a full volume: the WAL still holds them
+            log.warning("checkpoint after replaying %s failed: %s", wal, exc)
+    return store
 
 
 #: How far back the sidecar's periodic diagnosis looks from the newest data.
@@ -89,6 +147,7 @@ class Sidecar:
         self._before_commit = before_commit
         self._nvml_poller = nvml_poller
         self.ports: dict[str, int] = {}
+        self.guards: dict[str, ConnectionGuard] = {}  # per HTTP listener: timeouts and cap
         self._runners: list[web.AppRunner] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._inflight: set[asyncio.Future[None]] = set()
@@ -126,11 +185,14 @@ class Sidecar:
             before_commit=self._before_commit,
         )  # fmt: skip
         writer.start()
-        self.sli = SliAccountant(self.metrics, spec, grace_s=cfg.sli_grace_s)
+        self.sli = SliAccountant(self.metrics, spec, grace_s=cfg.sli_grace_s,
+                                 labels=label_limits(cfg), max_series=cfg.metrics_max_series)  # fmt: skip
 
         forward = None
         if cfg.forward_otlp:
-            fwd = Forwarder(cfg.forward_otlp, self.metrics, transport=self._forward_transport)
+            fwd = Forwarder(cfg.forward_otlp, self.metrics, transport=self._forward_transport,
+                            forward_content=cfg.forward_content,
+                            max_body_bytes=cfg.max_body_bytes)  # fmt: skip
             fwd.start()
             self._stoppables.append(fwd.stop)
             forward = fwd.submit
@@ -141,15 +203,23 @@ class Sidecar:
 
         api = Api(store, writer, self.metrics, spec=spec, ready=lambda: self._started,
                   ack_timeout_s=cfg.ack_timeout_s)  # fmt: skip
-        self.ports["api"] = await self._serve(api.app(cfg.token), cfg.listen)
+        # Each listener's own connection cap, within what the open-file limit allows.
+        caps = fit_caps({"api": cfg.api_max_connections,
+                         **{k: cfg.otlp_max_connections for k in ("otlp_http", "otlp_grpc")
+                            if getattr(cfg, k)}})  # fmt: skip
+        conn_metrics = ConnectionMetrics(self.metrics.registry)
+        self.ports["api"] = await self._serve(api.app(cfg.token), cfg.listen, "api", caps["api"],
+                                              conn_metrics, max_line_size=MAX_LINE_BYTES)  # fmt: skip
         if cfg.otlp_http:
             app = OtlpHttpReceiver(ingest).app(cfg.token)
             # the decoder undoes Content-Encoding itself, stopping at the limit (gzip bombs)
-            self.ports["otlp_http"] = await self._serve(app, cfg.otlp_http, auto_decompress=False)
+            self.ports["otlp_http"] = await self._serve(app, cfg.otlp_http, "otlp_http",
+                                                        caps["otlp_http"], conn_metrics,
+                                                        auto_decompress=False)  # fmt: skip
         if cfg.otlp_grpc:
             from slokit.sidecar.otlp_grpc import OtlpGrpcReceiver
 
-            grpc_rx = OtlpGrpcReceiver(ingest, cfg.token)
+            grpc_rx = OtlpGrpcReceiver(ingest, cfg.token, limits=self._limits(caps["otlp_grpc"]))
             self.ports["otlp_grpc"] = await grpc_rx.start(cfg.otlp_grpc)
             self._stoppables.append(grpc_rx.stop)
 
@@ -159,6 +229,7 @@ class Sidecar:
             scraper = Scraper(
                 targets, writer, self.metrics, interval_s=cfg.scrape_interval_s,
                 timeout_s=cfg.timeout_s, transport=self._scrape_transport,
+                sample_limit=cfg.scrape_sample_limit, body_limit_bytes=cfg.scrape_body_limit_bytes,
                 on_up=lambda t, up, dt: sli.accrue(t.replica, dt) if up and t.kind == "vllm" else None,
             )  # fmt: skip
             scraper.start()
@@ -174,7 +245,8 @@ class Sidecar:
             self._stoppables.append(nvml.stop)
 
         self._periodic("sli", cfg.sli_interval_s, self._sli_tick)
-        self._periodic("findings", cfg.diagnose_interval_s, self._findings_tick)
+        if cfg.diagnose_interval_s > 0:  # 0: no periodic findings, the analysis stack unloaded
+            self._periodic("findings", cfg.diagnose_interval_s, self._findings_tick)
         if cfg.parquet_dir:
             exporter = ParquetExporter(cfg.parquet_dir)
             self._periodic("parquet", 60.0, lambda con: exporter.export_closed_hours(con))
@@ -182,8 +254,15 @@ class Sidecar:
             host = split_host_port(cfg.listen)[0]
             host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
             host = f"[{host}]" if ":" in host else host
-            write_discovery(cfg.db, f"http://{host}:{self.ports['api']}")
-            self._discovery = True
+            try:
+                write_discovery(cfg.db, f"http://{host}:{self.ports['api']}")
+                self._discovery = True
+            except OSError as exc:  # e.g. a full volume: the sidecar's work goes on
+                log.warning(
+                    "cannot write %s (%s): running without it; commands on this machine will "
+                    "not find this sidecar by its --db, pass them --sidecar URL",
+                    discovery_path(cfg.db), exc.strerror or exc,
+                )  # fmt: skip
         self._started = True
         log.info(
             "slokit sidecar ready: %s; db %s; %d scrape targets",
@@ -192,22 +271,41 @@ class Sidecar:
             len(targets),
         )
 
-    async def _serve(self, app: web.Application, address: str, **server_kw: Any) -> int:
+    def _limits(self, max_connections: int) -> Limits:
+        cfg = self.config
+        return Limits(header_timeout_s=cfg.header_timeout_s, body_timeout_s=cfg.body_timeout_s,
+                      idle_timeout_s=cfg.idle_timeout_s, max_connections=max_connections)  # fmt: skip
+
+    async def _serve(
+        self,
+        app: web.Application,
+        address: str,
+        name: str,
+        max_connections: int,
+        metrics: ConnectionMetrics,
+        *,
+        max_line_size: int = 8190,
+        **server_kw: Any,
+    ) -> int:
+        """Serve ``app`` on ``address`` behind a connection guard (header/body/idle timeouts,
+        a cap that evicts incomplete requests first: see slokit.sidecar.connections)."""
         host, port = split_host_port(address)
+        guard = self.guards[name] = ConnectionGuard(name, self._limits(max_connections),
+                                                    metrics=metrics)  # fmt: skip
+        guard.install(app)
         runner = web.AppRunner(
-            app, access_log=None, handle_signals=False, shutdown_timeout=10.0, **server_kw
-        )
+            app, access_log=None, handle_signals=False, shutdown_timeout=10.0,
+            **handler_kwargs(max_line_size), **server_kw,
+        )  # fmt: skip
         await runner.setup()
-        site = web.TCPSite(runner, host, port, reuse_address=True)
+        site = GuardedSite(runner, host, port, guard, reuse_address=True)
         try:
             await site.start()
         except OSError as exc:
             await runner.cleanup()
             raise BadInput(f"cannot listen on {address}: {exc.strerror or exc}") from None
         self._runners.append(runner)
-        server = site._server
-        sockets = getattr(server, "sockets", None) or []
-        return int(sockets[0].getsockname()[1]) if sockets else port
+        return site.port
 
     def _periodic(self, name: str, every_s: float, fn: Callable[[Any], Any]) -> None:
         store = self.store
@@ -243,7 +341,11 @@ class Sidecar:
 
     def _findings_tick(self, con: Any) -> None:
         """Diagnose the recent window, store its findings (``explain`` reads them) and export
-        the ones still active."""
+        the ones still active.
+
+        The one steady-state user of the analysis stack (pandas and the rules): imported here at
+        the first tick, in this process (the sidecar holds the DuckDB file, which one process
+        alone may write), never at start; ``diagnose_interval_s: 0`` keeps it out for good."""
         try:
             from slokit.analysis.diagnose import run_diagnosis, store_findings
         except ImportError:
@@ -268,34 +370,44 @@ class Sidecar:
         g.clear()
         for f in result.findings:
             if f.end_ts >= recent:
-                g.labels(f.rule, f.replica or "fleet", f.severity).set(1)
+                replica = f.replica or "fleet"
+                if f.replica and self.sli is not None:  # the label budget of the SLI series
+                    replica = self.sli.label("replica", f.replica)
+                g.labels(f.rule, replica, f.severity).set(1)
 
     async def stop(self) -> None:
-        """Stop receiving, commit what is queued, close the store."""
+        """Stop receiving, commit what is queued, close the store (checkpointing it), even
+        when stopping a component fails."""
         self._started = False
-        if self._discovery:
-            remove_discovery(self.config.db)
-            self._discovery = False
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks.clear()
-        if self._inflight:  # periodic work already running in threads finishes first
-            await asyncio.wait(set(self._inflight))
-        for runner in self._runners:
-            await runner.cleanup()
-        self._runners.clear()
-        for stop in reversed(self._stoppables):
-            with contextlib.suppress(Exception):
-                await stop()
-        self._stoppables.clear()
-        if self.writer is not None:
-            await asyncio.to_thread(self.writer.stop)
-        if self.store is not None:
-            self.store.close()
-            self.store = None
+        try:
+            if self._discovery:
+                try:
+                    remove_discovery(self.config.db)
+                except OSError as exc:
+                    log.warning("cannot remove %s: %s", discovery_path(self.config.db), exc)
+                self._discovery = False
+            for task in self._tasks:
+                task.cancel()
+            for task in self._tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            self._tasks.clear()
+            if self._inflight:  # periodic work already running in threads finishes first
+                await asyncio.wait(set(self._inflight))
+            for runner in self._runners:
+                await runner.cleanup()
+            self._runners.clear()
+            for stop in reversed(self._stoppables):
+                with contextlib.suppress(Exception):
+                    await stop()
+            self._stoppables.clear()
+        finally:
+            if self.writer is not None:
+                await asyncio.to_thread(self.writer.stop)
+            if self.store is not None:
+                # checkpoints: the rows move from the WAL into the file, the WAL is emptied
+                await asyncio.to_thread(self.store.close)
+                self.store = None
 
     async def __aenter__(self) -> Sidecar:
         await self.start()

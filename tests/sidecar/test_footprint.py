@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from sidecar_harness import sidecar_process
 
 import slokit.cli
 from slokit.cli import main
@@ -125,25 +126,11 @@ def _running_sidecar(tmp_path: Path, diagnose_interval_s: str) -> Iterator[int]:
     log = tmp_path / "sidecar.log"
     env = {**os.environ, "SLOKIT_DIAGNOSE_INTERVAL_S": diagnose_interval_s,
            "PYTHONUNBUFFERED": "1"}  # fmt: skip
-    cmd = [sys.executable, "-m", "slokit.cli", "sidecar", "--db", str(tmp_path / "s.duckdb"),
-           "--listen", "127.0.0.1:0", "--otlp-http", "127.0.0.1:0", "--otlp-grpc", ""]  # fmt: skip
-    with log.open("wb") as out:
-        popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    try:
-        deadline = time.monotonic() + 90
-        while "sidecar ready" not in log.read_text():
-            if popen.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"sidecar did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.1)
+    args = ["--db", str(tmp_path / "s.duckdb"), "--listen", "127.0.0.1:0",
+            "--otlp-http", "127.0.0.1:0", "--otlp-grpc", ""]  # fmt: skip
+    with sidecar_process(args, log, env) as (popen, _):
         yield popen.pid
         assert popen.poll() is None, log.read_text()[-3000:]
-    finally:
-        popen.terminate()
-        try:
-            popen.wait(20)
-        except subprocess.TimeoutExpired:
-            popen.kill()
-            popen.wait(10)
 
 
 def test_a_ready_sidecar_has_not_loaded_pandas(tmp_path: Path) -> None:

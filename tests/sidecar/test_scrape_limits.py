@@ -11,13 +11,22 @@ import gzip
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
-from sidecar_harness import LoopThread, Running, StartSidecar, post, relabel, wait_for
+from sidecar_harness import (
+    LoopThread,
+    Running,
+    StartSidecar,
+    post,
+    relabel,
+    scrape_failures,
+    serve_on_free_port,
+    store_rows,
+    wait_for,
+)
 
 from slokit.records import ScrapeResult
 from slokit.sidecar.config import Target
@@ -58,14 +67,7 @@ class Target_:
         app = web.Application()
         app.router.add_get("/metrics", metrics)
         self.runner = web.AppRunner(app, shutdown_timeout=1.0)
-
-        async def start() -> int:
-            await self.runner.setup()
-            site = web.TCPSite(self.runner, "127.0.0.1", 0)
-            await site.start()
-            return int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
-
-        self.url = f"http://127.0.0.1:{lt.call(start())}/metrics"
+        self.url = f"http://127.0.0.1:{lt.call(serve_on_free_port(self.runner))}/metrics"
 
     def serve(self, body: bytes, **headers: str) -> Handler:
         async def handler(request: web.Request) -> web.StreamResponse:
@@ -108,19 +110,6 @@ def metrics_target() -> Iterator[Target_]:
 def huge() -> bytes:
     """200k series: 12 MB, under the default body limit, 16 s for the old on-loop parse."""
     return exposition(200_000)
-
-
-def _rows(sc: Running, sql: str) -> list[tuple[Any, ...]]:
-    assert sc.sidecar.store is not None
-    cur = sc.sidecar.store.cursor()
-    try:
-        return cur.execute(sql).fetchall()
-    finally:
-        cur.close()
-
-
-def _failures(sc: Running, url: str, reason: str) -> float:
-    return sc.value("slokit_scrape_failures_total", target=url, kind="vllm", reason=reason)
 
 
 # -- one scrape, against each kind of hostile body ---------------------------------------------
@@ -239,12 +228,12 @@ def test_a_target_with_200k_series_is_refused_whole_and_recorded_as_a_gap(
     metrics_target.handler = metrics_target.serve(huge)
     sc = start_sidecar(vllm_urls=(metrics_target.url,), scrape_interval_s=0.5)
     url = metrics_target.url
-    wait_for(lambda: _failures(sc, url, "sample_limit") >= 2, timeout=20, what="refusals")
+    wait_for(lambda: scrape_failures(sc, url, "sample_limit") >= 2, timeout=20, what="refusals")
     assert sc.value("slokit_scrape_up", target=url, kind="vllm", replica="test-pod") == 0
     gap_sql = f"SELECT up, error FROM scrapes WHERE target = '{url}'"
-    wait_for(lambda: len(_rows(sc, gap_sql)) >= 2, timeout=20, what="gaps recorded")
-    assert all(not up and error.startswith("sample_limit") for up, error in _rows(sc, gap_sql))
-    assert _rows(sc, "SELECT count(*) FROM engine_samples") == [(0,)]
+    wait_for(lambda: len(store_rows(sc, gap_sql)) >= 2, timeout=20, what="gaps recorded")
+    assert all(not up and error.startswith("sample_limit") for up, error in store_rows(sc, gap_sql))
+    assert store_rows(sc, "SELECT count(*) FROM engine_samples") == [(0,)]
 
 
 def test_healthz_and_otlp_answer_while_a_200k_series_target_is_scraped(
@@ -265,11 +254,11 @@ def test_scrapes_succeed_again_once_the_huge_target_recovers(
     metrics_target.handler = metrics_target.serve(huge)
     sc = start_sidecar(vllm_urls=(metrics_target.url,), scrape_interval_s=0.3)
     url = metrics_target.url
-    wait_for(lambda: _failures(sc, url, "sample_limit") >= 1, timeout=20, what="refusal")
+    wait_for(lambda: scrape_failures(sc, url, "sample_limit") >= 1, timeout=20, what="refusal")
     metrics_target.handler = metrics_target.serve(
         (vllm_fixtures / "metrics_after_load.prom").read_bytes()
     )
-    wait_for(lambda: _rows(sc, "SELECT count(*) FROM engine_samples")[0][0] >= 2, timeout=20,
+    wait_for(lambda: store_rows(sc, "SELECT count(*) FROM engine_samples")[0][0] >= 2, timeout=20,
              what="samples after recovery")  # fmt: skip
     assert sc.value("slokit_scrape_up", target=url, kind="vllm", replica="test-pod") == 1
 
@@ -285,7 +274,7 @@ def test_parsing_a_big_exposition_does_not_block_healthz(
     # poll until a scrape that began after the polling did is parsed and stored
     want = 20_000 * (metrics_target.hits + 1)
     latencies, codes = _poll_while(
-        sc, lambda: _rows(sc, "SELECT count(*) FROM engine_samples")[0][0] >= want, export_body,
+        sc, lambda: store_rows(sc, "SELECT count(*) FROM engine_samples")[0][0] >= want, export_body,
         timeout=90,
     )  # fmt: skip
     parse_s = sc.value("slokit_scrape_duration_seconds", target=metrics_target.url, kind="vllm")

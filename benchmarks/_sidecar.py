@@ -1,0 +1,46 @@
+"""What the benchmarks that run a sidecar process share: a free port, starting it and waiting
+until it is ready, and reading its CPU time and RSS from /proc."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+
+TICK_S = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def proc_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK_S  # utime + stime
+
+
+def proc_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def wait_ready(base: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 60) -> None:
+    """Poll ``base``/readyz until it answers 200; exit with the log's path if it never does."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(f"{base}/readyz").status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"sidecar did not start; see {log}")
+        time.sleep(0.2)

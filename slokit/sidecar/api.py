@@ -30,7 +30,7 @@ from slokit.errors import BadInput, NotFound
 from slokit.ids import MAX_REQUEST_ID_CHARS, candidate_ids, checked_request_id
 from slokit.sidecar.metrics import SidecarMetrics
 from slokit.sidecar.otlp_http import bearer_auth
-from slokit.sidecar.writer import QueueFull, Writer, WriterStopped
+from slokit.sidecar.writer import QueueFull, RecordsRefused, Writer, WriterStopped
 from slokit.store.db import Store
 from slokit.timeutil import iso, parse_time
 
@@ -239,4 +239,8 @@ class Api:
             await asyncio.wait_for(asyncio.wrap_future(fut), self.ack_timeout_s)
         except (QueueFull, WriterStopped, TimeoutError):
             return _error(503, "sidecar overloaded; retry", {"Retry-After": "1"})
+        except RecordsRefused as exc:  # the store cannot hold them: retrying cannot help
+            return _error(422, str(exc))
+        except Exception as exc:  # a failed commit of the database itself: retryable
+            return _error(503, f"write failed: {exc}; retry", {"Retry-After": "1"})
         return web.json_response({"accepted": len(frags)})

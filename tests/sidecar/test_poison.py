@@ -440,3 +440,31 @@ def test_first_error_digs_the_cause_out_of_an_aborted_duckdb_transaction() -> No
     assert "aborted" in str(raised.value)
     first = first_error(raised.value)
     assert isinstance(first, duckdb.ConversionException), first
+
+
+def test_feedback_the_store_refuses_is_422_not_a_server_error(
+    stalled: Stalled, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Past validation: the real store is made to refuse what it is given (a value error of
+    # DuckDB's own), so the writer answers RecordsRefused; feedback must say 422, not crash.
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from slokit.sidecar.api import Api
+
+    def refuse(_: Any) -> None:
+        raise duckdb.ConversionException("Conversion Error: injected")
+
+    monkeypatch.setattr(stalled.store, "append_fragments", refuse)
+    stalled.release.set()
+    api = Api(stalled.store, stalled.writer, stalled.writer.metrics)
+
+    async def post() -> tuple[int, dict[str, Any]]:
+        async with TestClient(TestServer(api.app())) as client:
+            resp = await client.post(
+                "/v1/feedback", json={"request_id": "r1", "quality_pass": True}
+            )
+            return resp.status, await resp.json()
+
+    status, body = asyncio.run(post())
+    assert status == 422
+    assert "refused" in body["error"]

@@ -213,7 +213,8 @@ def test_burst_on_two_sequences_is_queue_saturation(
         server, capture, [Phase(30, 1.0, 32, 64), Phase(15, 12.0, 32, 64)], tmp_path
     )
     found = _rules(doc, "info")
-    assert "queue_saturation" in found, json.dumps(doc, indent=1)[:4000]
+    # the rules' coverage first: it says why a rule that ran reported nothing
+    assert "queue_saturation" in found, json.dumps([doc["coverage"]["rules"], doc], indent=1)[:8000]
     assert not found & {"kv_pressure", "prefill_saturation", "error_burst", "gpu_xid"}
 
 

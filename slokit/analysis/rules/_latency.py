@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slokit.analysis.rules._context import DiagnoseContext
-from slokit.analysis.rules._util import episode, in_span, num, ratio
+from slokit.analysis.rules._util import episode, fmt_x, in_span, num, ratio
 
 _CACHE_KEY = "_ttft_increases"
 #: Prompts this many times longer than the baseline's make an episode prefill-driven.
@@ -77,6 +77,12 @@ def significant(base: dict[str, Any], ep: dict[str, Any], min_z: float) -> bool:
     return (me - mb) > min_z * se2**0.5
 
 
+def _note(ctx: DiagnoseContext, replica: str, why: str) -> None:
+    """Why the TTFT rules say nothing about ``replica`` (in diagnose's coverage)."""
+    for rule in ("queue_saturation", "prefill_saturation", "frontend_bound"):
+        ctx.note(rule, f"{replica or 'fleet'}: {why}")
+
+
 def ttft_increases(ctx: DiagnoseContext) -> list[TtftIncrease]:
     cached = ctx.cache.get(_CACHE_KEY)
     if cached is None:
@@ -100,23 +106,30 @@ def _compute(ctx: DiagnoseContext) -> list[TtftIncrease]:
                 if n < o.min_requests
                 else f"none of the baseline's {n} requests has a TTFT"
             )
-            for rule in ("queue_saturation", "prefill_saturation", "frontend_bound"):
-                ctx.note(rule, f"{replica or 'fleet'}: {why}; TTFT not compared")
+            _note(ctx, replica, f"{why}; TTFT not compared")
             continue
         detect = rows[ctx.is_detect(rows)]
         limit = o.ttft_factor * float(base["ttft_p95"])
         flagged = detect[(detect["n"] >= o.min_bucket_requests) & (detect["ttft_p95"] >= limit)]
         span = episode(ctx, flagged)
         if span is None:
+            if (detect["ttft_p95"] >= limit).any():  # a rise too thin to judge: say so
+                _note(ctx, replica, f"TTFT p95 reached {o.ttft_factor:g}x the baseline only in "
+                                    f"buckets of < {o.min_bucket_requests} requests")  # fmt: skip
             continue
         start, end = span
         ep = ctx.request_summary(replica, start, end)
+        # An episode was flagged; every reason not to report it is said in the coverage.
         if (ep["n"] or 0) < o.min_requests:
+            _note(ctx, replica, f"TTFT episode has {ep['n'] or 0} requests (< {o.min_requests})")
             continue
         ttft_ratio = ratio(ep["ttft_p95"], base["ttft_p95"])
         if ttft_ratio is None or ttft_ratio < o.ttft_factor:
+            _note(ctx, replica, f"TTFT episode's p95 is {fmt_x(ttft_ratio)} the baseline's "
+                                f"(< {o.ttft_factor:g}x)")  # fmt: skip
             continue
         if not significant(base, ep, o.min_z):
+            _note(ctx, replica, f"TTFT episode's mean shift is under {o.min_z:g} standard errors")
             continue
         deltas = {
             k: max(0.0, (num(ep[f"{k}_mean"]) or 0.0) - (num(base[f"{k}_mean"]) or 0.0))
@@ -138,7 +151,16 @@ def _compute(ctx: DiagnoseContext) -> list[TtftIncrease]:
             kind=None,
         )
         _context_of(ctx, inc)
-        inc.kind = _classify(ctx, inc, timed=total > 0 and (ep["n_timed"] or 0) > 0)
+        timed = total > 0 and (ep["n_timed"] or 0) > 0
+        inc.kind = _classify(ctx, inc, timed=timed)
+        if inc.kind is None:
+            why = (
+                "no request of the episode has its TTFT split (queue/prefill/frontend)"
+                if not timed
+                else f"TPOT rose too ({fmt_x(inc.tpot_ratio)} > {o.tpot_flat_factor:g}x): "
+                "not a queue, prefill or frontend pattern"
+            )
+            _note(ctx, replica, f"TTFT p95 {fmt_x(ttft_ratio)} the baseline, but {why}")
         out.append(inc)
     return out
 

@@ -38,6 +38,7 @@ import duckdb
 from slokit.records import EngineSample, Finding, GpuSample, RequestFragment, ScrapeResult
 from slokit.sidecar.metrics import SidecarMetrics
 from slokit.store.db import Store
+from slokit.store.faults import storage_fault
 
 log = logging.getLogger("slokit.sidecar.writer")
 
@@ -76,6 +77,12 @@ _SYSTEMIC = (
     MemoryError,
     OSError,
 )
+
+
+def _systemic(first: BaseException) -> bool:
+    """An error of the database or its storage (a damaged block, a full disk: the store's own
+    :func:`~slokit.store.faults.storage_fault` says which), not of the records."""
+    return isinstance(first, _SYSTEMIC) or storage_fault(first) is not None
 
 
 def first_error(exc: BaseException) -> BaseException:
@@ -263,7 +270,7 @@ class Writer:
                 continue
             first = first_error(error)
             self.last_error = f"{type(first).__name__}: {first}"
-            if isinstance(first, _SYSTEMIC):
+            if _systemic(first):
                 log.error("writer: appending %d %s items failed: %s", len(items), kind,
                           self.last_error)  # fmt: skip
                 for i in items:
@@ -303,7 +310,7 @@ class Writer:
             if error is None:
                 continue
             first = first_error(error)
-            if isinstance(first, _SYSTEMIC):  # the database, not the records: stop halving
+            if _systemic(first):  # the database, not the records: stop halving
                 self.last_error = f"{type(first).__name__}: {first}"
                 log.error("writer: appending %s items failed: %s", kind, self.last_error)
                 for i in [*part, *(i for p in todo for i in p)]:

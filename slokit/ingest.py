@@ -17,12 +17,10 @@ from __future__ import annotations
 import math
 import re
 import tempfile
-import zlib
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, cast
 
 from slokit.errors import BadInput
 from slokit.records import EngineSample, GpuSample, RequestFragment
@@ -128,54 +126,29 @@ def _too_big(path: Path, what: str, max_bytes: int) -> BadInput:
     )
 
 
-def _gunzip(f: IO[bytes], path: Path, max_bytes: int) -> bytearray:
-    """Inflate a gzip stream (one or more members) chunk by chunk, stopping past
-    ``max_bytes``: memory holds at most the limit, whatever the file expands to."""
-    out = bytearray()
-    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    member_open = False
-    try:
-        while chunk := f.read(1 << 20):
-            data = chunk
-            while data:
-                member_open = True
-                out += d.decompress(data, max_bytes + 1 - len(out))
-                if len(out) > max_bytes:
-                    raise _too_big(path, "the decompressed content", max_bytes)
-                if d.eof:  # a member ends; another may follow
-                    data = d.unused_data
-                    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-                    member_open = False
-                else:
-                    data = d.unconsumed_tail
-    except zlib.error as exc:
-        raise BadInput(f"{path}: corrupt gzip: {exc}") from None
-    if member_open:
-        raise BadInput(f"{path}: truncated gzip")
-    return out
-
-
 def read_otlp_file(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[bytes, str]:
     """(body, content type) of an OTLP file: gzip undone in bounded memory, JSON told from
     protobuf by its first byte. Over ``max_bytes`` (on disk or decompressed) is refused."""
+    from slokit.sources.otlp import PayloadTooLarge, decompress
+
     try:
-        with path.open("rb") as f:
-            if f.read(2) == b"\x1f\x8b":
-                f.seek(0)
-                body: bytes | bytearray = _gunzip(f, path, max_bytes)
-            else:
-                size = path.stat().st_size
-                if size > max_bytes:
-                    raise _too_big(path, f"its size ({size} bytes)", max_bytes)
-                f.seek(0)
-                body = f.read()
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise _too_big(path, f"its size ({size} bytes)", max_bytes)
+        data = path.read_bytes()
     except OSError as exc:
         raise BadInput(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:  # a gzip bomb stops at the limit: memory holds at most max_bytes
+        body = decompress(data, "gzip", max_bytes) if data[:2] == b"\x1f\x8b" else data
+    except PayloadTooLarge:
+        raise _too_big(path, "the decompressed content", max_bytes) from None
+    except BadInput as exc:
+        raise BadInput(f"{path}: {exc}") from None
+    del data
     start = re.compile(rb"\s*").match(body)
     first = body[start.end() : start.end() + 1] if start else b""
     ct = "application/json" if first in (b"{", b"[") else "application/x-protobuf"
-    # protobuf and json read any buffer: no copy of a bytearray body
-    return cast(bytes, body), ct
+    return body, ct
 
 
 def ingest_otlp(

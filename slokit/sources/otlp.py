@@ -22,7 +22,6 @@ number) is a missing fact. Prompt and completion text attributes are never read.
 from __future__ import annotations
 
 import base64
-import gzip
 import json
 import time
 import zlib
@@ -151,16 +150,25 @@ def decompress(body: bytes, encoding: str | None, max_bytes: int) -> bytes:
     if enc not in ("gzip", "deflate", "x-gzip"):
         raise BadInput(f"unsupported Content-Encoding {encoding!r}")
     wbits = 16 + zlib.MAX_WBITS if enc in ("gzip", "x-gzip") else zlib.MAX_WBITS
-    d = zlib.decompressobj(wbits)
+    parts: list[bytes] = []
+    total = 0
+    data = body
     try:
-        out = d.decompress(body, max_bytes + 1)
+        while True:  # gzip allows several members one after another (RFC 1952): read each
+            d = zlib.decompressobj(wbits)
+            part = d.decompress(data, max_bytes + 1 - total)
+            parts.append(part)
+            total += len(part)
+            if total > max_bytes or d.unconsumed_tail:
+                raise PayloadTooLarge(f"decompressed body exceeds the {max_bytes}-byte limit")
+            if not d.eof:
+                raise BadInput(f"truncated {enc} body")
+            data = d.unused_data
+            if not data:
+                break
     except zlib.error as exc:
         raise BadInput(f"corrupt {enc} body: {exc}") from None
-    if len(out) > max_bytes or d.unconsumed_tail:
-        raise PayloadTooLarge(f"decompressed body exceeds the {max_bytes}-byte limit")
-    if not d.eof:
-        raise BadInput(f"truncated {enc} body")
-    return out
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 class PayloadTooLarge(BadInput):
@@ -490,16 +498,3 @@ def decode_traces(
     return decode_message(
         parse_request(raw, content_type), default_replica=default_replica, now=now
     )
-
-
-def sniff_file(data: bytes) -> tuple[bytes, str, str | None]:
-    """Guess (body, content_type, encoding) of a file: gzip magic, JSON's brace, else protobuf."""
-    encoding = "gzip" if data[:2] == b"\x1f\x8b" else None
-    head = data
-    if encoding:
-        try:
-            head = gzip.decompress(data)[:64]
-        except (OSError, EOFError, zlib.error):
-            head = b""
-    ct = "application/json" if head.lstrip()[:1] in (b"{", b"[") else "application/x-protobuf"
-    return data, ct, encoding

@@ -74,8 +74,16 @@ def run_diagnosis(
     lo, hi = data_bounds(con)
     if lo is None or hi is None:
         raise NotFound("the store holds no requests, engine or GPU samples")
-    start = lo if since is None else since
-    end = hi if until is None else until
+    if since is not None and until is not None and until <= since:
+        raise BadInput(f"empty window: since {iso(since)} is not before until {iso(until)}")
+    if (since is not None and since > hi) or (until is not None and until < lo):
+        asked = " ".join(f"{k} {iso(v)}" for k, v in (("since", since), ("until", until))
+                         if v is not None)  # fmt: skip
+        raise NotFound(f"no data in the window ({asked}): the store holds {iso(lo)} .. {iso(hi)}")
+    # Beyond the data a window holds nothing, yet bucketing 50 empty years would take minutes:
+    # the window is kept to the data.
+    start = lo if since is None else max(since, lo)
+    end = hi if until is None else min(until, hi)
     if end <= start:
         raise BadInput(f"empty window: since {iso(start)} is not before until {iso(end)}")
     ctx = build_context(con, start, end, opt, data_start=lo)

@@ -32,7 +32,7 @@ from slokit.sidecar.metrics import SidecarMetrics
 from slokit.sidecar.otlp_http import bearer_auth
 from slokit.sidecar.writer import QueueFull, RecordsRefused, Writer, WriterStopped
 from slokit.store.db import Store
-from slokit.timeutil import iso, parse_time
+from slokit.timeutil import parse_time
 
 log = logging.getLogger("slokit.sidecar.api")
 
@@ -177,7 +177,6 @@ class Api:
         def run(con: Any) -> Any:
             since = until = None
             if since_raw or until_raw:
-                from slokit.analysis.rules._context import data_bounds
                 from slokit.store.queries import data_span
 
                 newest = data_span(con)[1]
@@ -186,17 +185,6 @@ class Api:
                 if since is not None and until is not None and until <= since:
                     raise BadInput(f"empty window: since={since_raw!r} is not before "
                                    f"until={until_raw!r}")  # fmt: skip
-                lo, hi = data_bounds(con)
-                if lo is not None and hi is not None:
-                    # Beyond the data a window holds nothing, yet diagnosing 50 empty years
-                    # would take minutes: keep the window to the data.
-                    if (since is not None and since > hi) or (until is not None and until < lo):
-                        asked = " ".join(f"{k} {iso(v)}" for k, v in (("since", since),
-                                         ("until", until)) if v is not None)  # fmt: skip
-                        raise NotFound(f"no data in the window ({asked}): the store holds "
-                                       f"{iso(lo)} .. {iso(hi)}")  # fmt: skip
-                    since = max(since, lo) if since is not None else None
-                    until = min(until, hi) if until is not None else None
             return diagnose(con, since=since, until=until)
 
         try:

@@ -154,6 +154,18 @@ def test_cli_window_without_data_exits_3(db_file: str) -> None:
     assert res.exit_code == 3
 
 
+def test_a_window_reaching_before_the_data_is_the_data_as_cli_and_api_see_it(
+    db_file: str,
+) -> None:
+    # 1970 to 2100 holds only the data: the window is kept to it (not 130 years of buckets)
+    res = CliRunner().invoke(
+        main, ["diagnose", "--json", "--db", db_file, "--since", "0", "--until", "4102444800"]
+    )
+    assert res.exit_code == 0, res.output
+    whole = CliRunner().invoke(main, ["diagnose", "--json", "--db", db_file])
+    assert json.loads(res.output)["window"] == json.loads(whole.output)["window"]
+
+
 def test_cli_bad_time_exits_2(db_file: str) -> None:
     res = CliRunner().invoke(main, ["diagnose", "--db", db_file, "--since", "yesterday"])
     assert res.exit_code == 2 and "not a time" in res.output

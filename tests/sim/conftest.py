@@ -8,7 +8,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from slokit.lab.sim.background import BackgroundSim, running_cluster
-from slokit.lab.sim.server import SimSettings
+from slokit.lab.sim.settings import SimSettings
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from slokit.lab.sim.background import BackgroundSim, running_cluster
 from slokit.lab.sim.faults import SCENARIOS, FaultError, Faults, apply_update, scenario_faults
-from slokit.lab.sim.server import SimSettings
+from slokit.lab.sim.settings import SimSettings
 
 
 def test_admin_endpoint_sets_and_reports_faults(sim: BackgroundSim) -> None:

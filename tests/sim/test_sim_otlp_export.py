@@ -15,7 +15,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from slokit.lab.sim.background import running_cluster
-from slokit.lab.sim.server import SimSettings
+from slokit.lab.sim.settings import SimSettings
 
 
 @pytest.fixture

@@ -19,8 +19,10 @@ from slokit.lab.sim.engine import (
     simulate,
 )
 from slokit.lab.sim.faults import Faults
+from slokit.lab.sim.openai_wire import ApiError
+from slokit.lab.sim.replica import Replica
 from slokit.lab.sim.roofline import GPUS, MODELS, Roofline
-from slokit.lab.sim.server import ApiError, Replica, SimSettings
+from slokit.lab.sim.settings import SimSettings
 from slokit.lab.sim.vtime import DEFAULT_EPOCH, LoopClock, VirtualTimeLoop, run_virtual
 
 

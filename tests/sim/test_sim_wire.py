@@ -191,6 +191,17 @@ def test_models_and_health(sim: RunningSim, vllm_fixtures: Path) -> None:
     assert health.status_code == 200 and health.content == b""
 
 
+def test_unknown_routes_answer_fastapis_json_404(sim: RunningSim) -> None:
+    # vLLM's FastAPI app answers any unknown path with {"detail":"Not Found"}
+    for method, path in [("GET", "/nope"), ("POST", "/v1/embeddings"), ("GET", "/v1/models/x")]:
+        r = httpx.request(method, f"{sim.url}{path}")
+        assert r.status_code == 404, path
+        assert r.headers["content-type"] == "application/json"
+        assert r.content == b'{"detail":"Not Found"}'
+    # a known path with the wrong method is not a 404
+    assert httpx.get(f"{sim.url}/v1/completions").status_code == 405
+
+
 def _real_llm_span(vllm_fixtures: Path) -> Any:
     req = ExportTraceServiceRequest()
     req.ParseFromString((vllm_fixtures / "otlp" / "export_06.pb").read_bytes())

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args
 
+from slokit import clientlog as cl
 from slokit.errors import BadInput
 from slokit.ids import InvalidRequestId, checked_request_id
 from slokit.records import EngineSample, GpuSample, RequestFragment, RequestStatus
@@ -330,50 +331,51 @@ def _first_line(s: str, limit: int = 120) -> str:
 def parse_load_jsonl(
     data: str | bytes, *, name: str, now: float | None = None
 ) -> list[RequestFragment]:
-    """slokit load records (one JSON object per line) -> client fragments."""
+    """slokit load records (:mod:`slokit.clientlog`, one JSON object per line) -> client
+    fragments."""
     text = _as_text(data, name)
     now_s = _now(now)
     out: list[RequestFragment] = []
     seen: set[str] = set()
     for lineno, rec in _json_lines(text, name):
         w = f"{name}:{lineno}"
-        raw_id = _string(rec, "request_id", w)
+        raw_id = _string(rec, cl.REQUEST_ID, w)
         if not raw_id:
-            raise BadInput(f"{w}: request_id is required")
+            raise BadInput(f"{w}: {cl.REQUEST_ID} is required")
         rid = _request_id(raw_id, w)
         if rid in seen:
-            raise BadInput(f"{w}: request_id {raw_id!r} appears twice")
+            raise BadInput(f"{w}: {cl.REQUEST_ID} {raw_id!r} appears twice")
         seen.add(rid)
-        status = _string(rec, "status", w)
+        status = _string(rec, cl.STATUS, w)
         if status is not None and status not in _STATUSES:
-            raise BadInput(f"{w}: status must be one of {sorted(_STATUSES)}, got {status!r}")
-        ttft = _number(rec, "ttft_s", w)
-        e2e = _number(rec, "e2e_s", w)
-        out_tokens = _integer(rec, "output_tokens", w)
-        http_status = _integer(rec, "http_status", w)
+            raise BadInput(f"{w}: {cl.STATUS} must be one of {sorted(_STATUSES)}, got {status!r}")
+        ttft = _number(rec, cl.TTFT_S, w)
+        e2e = _number(rec, cl.E2E_S, w)
+        out_tokens = _integer(rec, cl.OUTPUT_TOKENS, w)
+        http_status = _integer(rec, cl.HTTP_STATUS, w)
         frag = RequestFragment(
             request_id=rid,
             source="client",
             fragment_id=f"client:{rid}",
-            trace_id=_string(rec, "trace_id", w),
-            model=_string(rec, "model", w),
-            tenant=_string(rec, "tenant", w),
-            slo_class=_string(rec, "slo_class", w),
-            task_id=_string(rec, "task_id", w),
-            arrival_ts=_number(rec, "send_ts", w),
-            first_token_ts=_number(rec, "first_token_ts", w),
-            finish_ts=_number(rec, "finish_ts", w),
+            trace_id=_string(rec, cl.TRACE_ID, w),
+            model=_string(rec, cl.MODEL, w),
+            tenant=_string(rec, cl.TENANT, w),
+            slo_class=_string(rec, cl.SLO_CLASS, w),
+            task_id=_string(rec, cl.TASK_ID, w),
+            arrival_ts=_number(rec, cl.SEND_TS, w),
+            first_token_ts=_number(rec, cl.FIRST_TOKEN_TS, w),
+            finish_ts=_number(rec, cl.FINISH_TS, w),
             client_ttft_s=ttft,
             client_e2e_s=e2e,
             tpot_s=_tpot(e2e, ttft, out_tokens),
-            itl_p95_s=_percentile(_float_list(rec.get("itl_s"), "itl_s", w), 0.95),
-            prompt_tokens=_integer(rec, "prompt_tokens", w),
+            itl_p95_s=_percentile(_float_list(rec.get(cl.ITL_S), cl.ITL_S, w), 0.95),
+            prompt_tokens=_integer(rec, cl.PROMPT_TOKENS, w),
             output_tokens=out_tokens,
-            max_tokens=_integer(rec, "max_tokens", w),
-            finish_reason=_string(rec, "finish_reason", w),
+            max_tokens=_integer(rec, cl.MAX_TOKENS, w),
+            finish_reason=_string(rec, cl.FINISH_REASON, w),
             status=status,
             http_status=http_status,
-            error_type=_string(rec, "error_type", w),
+            error_type=_string(rec, cl.ERROR_TYPE, w),
         )
         out.append(_checked(frag, w, now_s))
     return out

@@ -43,7 +43,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from slokit.lab.load import LoadConfig, _Runner, make_schedule, request_url, run_load
+from slokit.lab.load import LoadConfig, Runner, make_schedule, request_url, run_load
 from slokit.lab.sim.engine import Clock, SimRequest, WallClock
 from slokit.lab.sim.faults import scenario_faults
 from slokit.lab.sim.server import ApiError, Replica, SimCluster, SimSettings
@@ -144,7 +144,7 @@ class _SimTime:
             await self.clock.sleep(delay)
 
 
-class _InProcessRunner(_Runner):
+class _InProcessRunner(Runner):
     """The load generator's runner whose exchange calls the replica in-process instead of
     over HTTP (virtual time): the same request bodies, headers, ids, schedule and record;
     a streaming client's token times are the engine steps that made the tokens."""

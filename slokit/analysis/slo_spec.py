@@ -179,7 +179,7 @@ def parse_spec(doc: Any, source: str = "<spec>") -> SloSpec:
     gpu_hour = _number(ctx, cost, "gpu_hour_usd", "cost") if "gpu_hour_usd" in cost else None
     gpus = int(_number(ctx, cost, "gpus_per_replica", "cost")) if "gpus_per_replica" in cost else 1
     gate = {k: v for k, v in (doc.get("gate") or {}).items()}
-    return SloSpec(
+    spec = SloSpec(
         service=service,
         period=period,
         period_s=period_s,
@@ -190,6 +190,12 @@ def parse_spec(doc: Any, source: str = "<spec>") -> SloSpec:
         gate=gate,
         source=source,
     )
+    # Deferred: the gate package imports SloSpec from this module. Validating here makes a
+    # typo under ``gate:`` fail every command that loads the spec, not only ``slokit gate``.
+    from slokit.analysis.gate import gate_config
+
+    gate_config(spec)
+    return spec
 
 
 def load_spec(path: str | Path) -> SloSpec:

@@ -1,0 +1,77 @@
+"""Run files -> records for ``slokit gate``: a load JSONL or a vLLM bench result, and a
+baseline (an earlier run's records or its ``slokit slo report --json``).
+
+Records are merged through an in-memory store, the same path as ``ingest``, so a gate
+judges exactly what ``slo report`` would after loading the same file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from slokit.analysis.gate import Baseline
+from slokit.errors import BadInput
+from slokit.records import RequestFragment
+from slokit.sources import files
+
+
+@dataclass(frozen=True)
+class RunInput:
+    """Records of one run, merged through the store, and the run's own duration if known."""
+
+    records: list[dict[str, Any]]
+    duration_s: float | None = None
+
+
+def records_from_fragments(fragments: Sequence[RequestFragment]) -> list[dict[str, Any]]:
+    """Merge fragments in an in-memory store (the same path as ``ingest``) and read them."""
+    from slokit.store.db import open_store  # deferred: the store imports duckdb and pyarrow
+
+    with open_store(":memory:") as store:
+        store.append_fragments(fragments)
+        return store.reader().requests(None, None)
+
+
+def _bench_duration(text: str) -> float | None:
+    """Sum of ``duration`` over the runs in a vLLM bench result (one or --append-result)."""
+    try:
+        docs = [json.loads(text)]
+    except json.JSONDecodeError:
+        docs = [json.loads(line) for line in text.splitlines() if line.strip()]
+    ds = [d.get("duration") for d in docs if isinstance(d, dict)]
+    total = 0.0
+    for d in ds:
+        if isinstance(d, bool) or not isinstance(d, int | float) or not math.isfinite(d) or d <= 0:
+            return None
+        total += float(d)
+    return total or None
+
+
+def load_run_file(path: str, kind: str) -> RunInput:
+    """``kind`` ``vllm-bench`` (``vllm bench serve --save-detailed`` JSON), ``records``
+    (``slokit load`` JSONL, or a bench file told apart by content) -> :class:`RunInput`."""
+    text = files.read_text(path)
+    if kind == "vllm-bench" or (kind == "records" and files.is_vllm_bench(text)):
+        frags = files.parse_vllm_bench(text, name=path)
+        return RunInput(records_from_fragments(frags), _bench_duration(text))
+    if kind != "records":
+        raise ValueError(kind)
+    return RunInput(records_from_fragments(files.parse_load_jsonl(text, name=path)))
+
+
+def load_baseline(path: str) -> Baseline:
+    """A baseline: ``slokit slo report --json`` output, or an earlier run's records file."""
+    text = files.read_text(path)
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        doc = None
+    if isinstance(doc, dict) and "classes" in doc and "overall" in doc:
+        if not isinstance(doc["classes"], list):
+            raise BadInput(f"{path}: classes must be a list (a slokit slo report --json)")
+        return Baseline(report=doc)
+    return Baseline(records=load_run_file(path, "records").records)

@@ -47,7 +47,7 @@ def command(
         spec = load_spec(slo_file) if slo_file else None
         try:
             with open_store(db, read_only=True) as store:
-                doc = explain_request(store.con, request_id, spec=spec)
+                doc = explain_request(store.reader(), request_id, spec=spec)
         except StoreBusy:
             from slokit.client import SidecarClient
 

@@ -85,7 +85,7 @@ def main() -> None:
         times, doc = [], {}
         for _ in range(args.repeat):
             t = time.perf_counter()
-            doc = diagnose(store.con)
+            doc = diagnose(store.reader())
             times.append(time.perf_counter() - t)
     result = {
         "benchmark": "diagnose_scale",

@@ -1,7 +1,7 @@
 """How fast is the SLO layer? ``slokit slo report`` and ``slokit gate`` work on N requests.
 
 Builds N synthetic merged records (two classes, 5% errors, lognormal latencies), then
-times: reading them from a DuckDB store (``load_records``), ``evaluate`` (classify,
+times: reading them from a DuckDB store (``Reader.requests``), ``evaluate`` (classify,
 attainment, burn windows, percentiles with order-statistic CIs), ``compute_cost``, and a
 gate run with a baseline (a seeded bootstrap per class and metric).
 
@@ -19,7 +19,7 @@ from typing import Any
 
 from slokit.analysis.cost import compute_cost
 from slokit.analysis.gate import Baseline, evaluate_gate, gate_config
-from slokit.analysis.slo import evaluate, load_records
+from slokit.analysis.slo import evaluate
 from slokit.analysis.slo_spec import parse_spec
 from slokit.records import RequestFragment
 from slokit.store.db import open_store
@@ -63,11 +63,11 @@ def main() -> None:
     with open_store(":memory:") as store:
         store.append_fragments(fragments(args.requests, 1))
         t = time.perf_counter()
-        recs = load_records(store.con)
+        recs = store.reader().requests(None, None)
         timings["load_records_s"] = time.perf_counter() - t
     with open_store(":memory:") as store:
         store.append_fragments(fragments(args.requests, 2))
-        base = load_records(store.con)
+        base = store.reader().requests(None, None)
     t = time.perf_counter()
     rep = evaluate(recs, SPEC)
     timings["evaluate_s"] = time.perf_counter() - t

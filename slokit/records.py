@@ -11,7 +11,13 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 FragmentSource = Literal["vllm", "gateway", "client", "quality"]
-RequestStatus = Literal["ok", "error", "cancelled", "timeout", "rejected"]
+#: ``incomplete``: still in flight when a load test ended (cut at its phase end, GuideLLM's
+#: ``incomplete``, AIPerf's ``was_cancelled``); neither a success nor a failure of the server.
+RequestStatus = Literal["ok", "error", "cancelled", "timeout", "rejected", "incomplete"]
+
+#: Request statuses that count as failures (``cancelled`` is the client's choice,
+#: ``incomplete`` the load test's end).
+ERROR_STATUSES: tuple[RequestStatus, ...] = ("error", "timeout", "rejected")
 
 #: Fragment sources in the order in which their facts are trusted by default.
 SOURCE_PRECEDENCE: tuple[str, ...] = ("vllm", "gateway", "client", "quality")

@@ -26,6 +26,11 @@ def parse_duration(text: str) -> float:
     return float(m.group(1)) * _UNIT_S[m.group(2)]
 
 
+def is_duration(text: str) -> bool:
+    """Whether ``text`` is a duration such as ``15m`` (as a time: back from the newest data)."""
+    return _DURATION.match(text) is not None
+
+
 def parse_time(text: str, reference_ts: float | None = None) -> float:
     """Parse ``T`` into epoch seconds; durations count back from ``reference_ts``."""
     t = text.strip()

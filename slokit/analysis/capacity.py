@@ -111,17 +111,6 @@ def load_model_config(path: str | Path) -> dict[str, Any]:
     return doc
 
 
-def cache_config(con: Any) -> dict[str, float] | None:
-    """The newest ``num_gpu_blocks`` and ``block_size`` the engine samples carry."""
-    row = con.execute(
-        "SELECT num_gpu_blocks, block_size, replica FROM engine_samples "
-        "WHERE num_gpu_blocks IS NOT NULL AND block_size IS NOT NULL ORDER BY ts DESC LIMIT 1"
-    ).fetchone()
-    if not row:
-        return None
-    return {"num_gpu_blocks": float(row[0]), "block_size": float(row[1])}
-
-
 @dataclass(frozen=True)
 class Sustainable:
     tokens_per_s: float

@@ -183,34 +183,6 @@ def compute_cost(
     )
 
 
-def energy_increase(con: Any, since: float | None, until: float | None) -> float | None:
-    """Joules used by all GPUs over ``[since, until]``, from cumulative ``energy_j``
-    (a decrease is a reset: the increase over it is the new value). None without data."""
-    where, params = ["energy_j IS NOT NULL"], []
-    if since is not None:
-        where.append("ts >= to_timestamp(?)")
-        params.append(since)
-    if until is not None:
-        where.append("ts <= to_timestamp(?)")
-        params.append(until)
-    row = con.execute(
-        f"""
-        WITH d AS (
-            SELECT energy_j AS v,
-                   lag(energy_j) OVER (PARTITION BY coalesce(node, ''), gpu ORDER BY ts) AS prev
-            FROM gpu_samples WHERE {" AND ".join(where)}
-        )
-        SELECT count(*) FILTER (WHERE prev IS NOT NULL),
-               sum(CASE WHEN prev IS NULL THEN 0 WHEN v < prev THEN v ELSE v - prev END)
-        FROM d
-        """,
-        params,
-    ).fetchone()
-    if not row or not row[0]:
-        return None
-    return float(row[1])
-
-
 def money(v: float | None) -> str:
     """Dollars: cents above $1, else four significant digits ($0.0002381)."""
     if v is None:

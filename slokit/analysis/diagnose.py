@@ -23,14 +23,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import duckdb
-
 from slokit.analysis.rules import NotApplicable, Rule, all_rules
-from slokit.analysis.rules._context import DiagnoseOptions, build_context, data_bounds
+from slokit.analysis.rules._context import DiagnoseOptions, build_context
 from slokit.analysis.rules._util import SEVERITY_ORDER
 from slokit.errors import BadInput, NotFound
 from slokit.records import Finding
 from slokit.store.db import Store
+from slokit.store.reader import Reader
 from slokit.timeutil import iso
 
 log = logging.getLogger(__name__)
@@ -53,6 +52,10 @@ class Diagnosis:
     since: float
     until: float
 
+    def to_dict(self) -> dict[str, Any]:
+        """The ``slokit diagnose --json`` document (docs/schema/diagnose.schema.json)."""
+        return self.to_json()
+
     def to_json(self) -> dict[str, Any]:
         return {
             "window": self.window,
@@ -62,7 +65,7 @@ class Diagnosis:
 
 
 def run_diagnosis(
-    con: duckdb.DuckDBPyConnection,
+    reader: Reader,
     since: float | None = None,
     until: float | None = None,
     *,
@@ -71,7 +74,7 @@ def run_diagnosis(
 ) -> Diagnosis:
     """Run the rules over [since, until]; NotFound when the store holds no data there."""
     opt = options or DiagnoseOptions()
-    lo, hi = data_bounds(con)
+    lo, hi = reader.bounds()
     if lo is None or hi is None:
         raise NotFound("the store holds no requests, engine or GPU samples")
     if since is not None and until is not None and until <= since:
@@ -86,7 +89,7 @@ def run_diagnosis(
     end = hi if until is None else min(until, hi)
     if end <= start:
         raise BadInput(f"empty window: since {iso(start)} is not before until {iso(end)}")
-    ctx = build_context(con, start, end, opt, data_start=lo)
+    ctx = build_context(reader, start, end, opt, data_start=lo)
     if not any(s.present for s in ctx.sources.values()):
         raise NotFound(f"no data between {iso(start)} and {iso(end)}")
     selected = list(rules) if rules is not None else all_rules()
@@ -138,14 +141,14 @@ def run_diagnosis(
 
 
 def diagnose(
-    con: duckdb.DuckDBPyConnection,
+    reader: Reader,
     since: float | None = None,
     until: float | None = None,
     *,
     options: DiagnoseOptions | None = None,
 ) -> dict[str, Any]:
     """The ``diagnose --json`` document for [since, until] (default: all the data)."""
-    return run_diagnosis(con, since, until, options=options).to_json()
+    return run_diagnosis(reader, since, until, options=options).to_json()
 
 
 def store_findings(
@@ -157,14 +160,7 @@ def store_findings(
     """Persist findings (for ``explain`` and the exporter). With ``window``, findings that
     an earlier run stored for a span inside that window are replaced, so re-running a
     diagnosis over the same data does not duplicate them."""
-    if window is not None:
-        with store.transaction() as con:
-            con.execute(
-                "DELETE FROM findings WHERE start_ts >= to_timestamp(?) "
-                "AND end_ts <= to_timestamp(?)",
-                [window[0], window[1]],
-            )
-    return store.append_findings(findings)
+    return store.replace_findings(findings, window)
 
 
 def render_text(doc: dict[str, Any]) -> str:

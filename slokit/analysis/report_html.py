@@ -82,50 +82,6 @@ def step_stats(records: Sequence[Mapping[str, Any]], spec: SloSpec) -> list[Step
     return out
 
 
-def engine_series(
-    con: Any, since: float | None, until: float | None
-) -> dict[str, list[tuple[float, float | None, float | None]]]:
-    """Replica -> [(ts, running, waiting)] from the engine samples in the window."""
-    where, params = [], []
-    if since is not None:
-        where.append("ts >= to_timestamp(?)")
-        params.append(since)
-    if until is not None:
-        where.append("ts <= to_timestamp(?)")
-        params.append(until)
-    sql = "SELECT replica, epoch(ts), running, waiting FROM engine_samples"
-    if where:
-        sql += " WHERE " + " AND ".join(where)
-    out: dict[str, list[tuple[float, float | None, float | None]]] = {}
-    for replica, ts, running, waiting in con.execute(sql + " ORDER BY ts", params).fetchall():
-        out.setdefault(str(replica), []).append((float(ts), running, waiting))
-    return out
-
-
-def stored_findings(con: Any, since: float | None, until: float | None) -> list[dict[str, Any]]:
-    """Findings overlapping the window: the most severe first, then the newest."""
-    where, params = [], []
-    if since is not None:
-        where.append("end_ts >= to_timestamp(?)")
-        params.append(since)
-    if until is not None:
-        where.append("start_ts <= to_timestamp(?)")
-        params.append(until)
-    sql = (
-        "SELECT rule, severity, confidence, replica, epoch(start_ts), epoch(end_ts), summary, "
-        "runbook FROM findings"
-    )
-    if where:
-        sql += " WHERE " + " AND ".join(where)
-    order = (
-        " ORDER BY CASE severity WHEN 'critical' THEN 0 WHEN 'warning' THEN 1 ELSE 2 END,"
-        " start_ts DESC LIMIT 200"
-    )
-    rows = con.execute(sql + order, params).fetchall()
-    keys = ("rule", "severity", "confidence", "replica", "start", "end", "summary", "runbook")
-    return [dict(zip(keys, row, strict=True)) for row in rows]
-
-
 # --- SVG ------------------------------------------------------------------------------------
 
 

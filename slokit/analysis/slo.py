@@ -5,6 +5,12 @@ The spec itself (YAML, ``slokit: v1``) is loaded and validated by
 
 Outcome of one request (:func:`classify`), first rule that applies:
 
+``incomplete``
+    ``status`` is ``incomplete``: the request was still in flight when a load test ended
+    (``slokit load`` cut it after its drain, GuideLLM's ``incomplete``, AIPerf's
+    ``was_cancelled``). It is neither good nor bad: it is counted apart and left out of
+    attainment, burn rate, goodput and percentiles, as the load tools do. A run cut heavily
+    at its end therefore reads better than it was; the report shows how many were cut.
 ``error``
     ``status`` is not ``ok`` (error, timeout, cancelled, rejected, or no status at all: a
     request nobody saw finish is not good).
@@ -26,9 +32,9 @@ Measurements: TTFT is the client's (``client_ttft_s``) when present, else the se
 (``itl_p95_s``, the store keeps no per-token gaps), so "ITL p99" is the p99 over requests
 of their p95 gap.
 
-Attainment = good / requests of the class. Burn rate over a window = (1 - attainment) /
-(1 - objective): 1 spends the error budget exactly over the SLO period, 14.4 spends 2% of
-a 30-day budget in an hour.
+Attainment = good / judged requests of the class (every outcome but ``incomplete``). Burn
+rate over a window = (1 - attainment) / (1 - objective): 1 spends the error budget exactly
+over the SLO period, 14.4 spends 2% of a 30-day budget in an hour.
 
 Two goodputs, never to be confused:
 
@@ -56,6 +62,8 @@ from slokit.analysis.slo_spec import SloClass, SloSpec
 from slokit.errors import BadInput
 
 OUTCOMES: tuple[str, ...] = ("good", "slow", "error", "quality_fail")
+#: The outcome of a request a load test cut at its end: not judged, so not in :data:`OUTCOMES`.
+INCOMPLETE = "incomplete"
 #: Latency metrics whose percentiles are reported, in report order.
 LATENCY_METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2e")
 PERCENTILES: tuple[float, ...] = (0.50, 0.95, 0.99)
@@ -114,10 +122,14 @@ def bound_results(record: Mapping[str, Any], cls: SloClass | None) -> dict[str, 
 
 
 def classify(record: Mapping[str, Any], spec: SloSpec) -> tuple[str | None, str]:
-    """``(class name or None, outcome)`` with outcome in :data:`OUTCOMES` (rules above)."""
+    """``(class name or None, outcome)`` with outcome in :data:`OUTCOMES` or
+    :data:`INCOMPLETE` (rules above)."""
     cls = spec.class_of(dict(record))
     name = cls.name if cls is not None else None
-    if record.get("status") != "ok":
+    status = record.get("status")
+    if status == INCOMPLETE:
+        return name, INCOMPLETE
+    if status != "ok":
         return name, "error"
     if spec.require_quality_pass and record.get("quality_pass") is False:
         return name, "quality_fail"
@@ -130,9 +142,12 @@ def classify(record: Mapping[str, Any], spec: SloSpec) -> tuple[str | None, str]
 UNCLASSIFIED = "unclassified"
 
 
-def sli_labels(record: Mapping[str, Any], spec: SloSpec) -> dict[str, str]:
-    """Labels of ``slokit_requests_total`` for one final record (see docs/metrics.md)."""
+def sli_labels(record: Mapping[str, Any], spec: SloSpec) -> dict[str, str] | None:
+    """Labels of ``slokit_requests_total`` for one final record (see docs/metrics.md); None
+    for an incomplete request, which that counter leaves out."""
     name, outcome = classify(record, spec)
+    if outcome == INCOMPLETE:
+        return None
     return {
         "class": name or UNCLASSIFIED,
         "replica": str(record.get("replica") or ""),
@@ -300,13 +315,17 @@ def burn_rate(attainment: float | None, objective: float) -> float | None:
 
 @dataclass
 class GroupReport:
-    """Per class (or overall): counts, attainment, burn rate, goodput, percentiles."""
+    """Per class (or overall): counts, attainment, burn rate, goodput, percentiles.
+
+    ``requests`` are the judged ones (the sum of ``outcomes``); ``incomplete`` counts the
+    requests a load test cut at its end, apart from them."""
 
     name: str
     objective: float | None
     bounds_ms: dict[str, float]
     requests: int = 0
     outcomes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
+    incomplete: int = 0
     unmeasurable: dict[str, int] = field(default_factory=dict)
     good_output_tokens: int = 0
     output_tokens: int = 0
@@ -345,6 +364,7 @@ class GroupReport:
             "good_when_ms": self.bounds_ms,
             "requests": self.requests,
             "outcomes": dict(self.outcomes),
+            "incomplete": self.incomplete,
             "unmeasurable": dict(self.unmeasurable),
             "attainment": self.attainment,
             "burn_rate": self.burn_rate,
@@ -447,8 +467,11 @@ def _fill(
     outcomes: Sequence[str],
     classes: Sequence[SloClass | None],
 ) -> None:
-    group.requests = len(recs)
-    for r, outcome, cls in zip(recs, outcomes, classes, strict=True):
+    """Count the group's judged requests; an incomplete one only in ``group.incomplete``."""
+    judged = [(r, o, c) for r, o, c in zip(recs, outcomes, classes, strict=True) if o != INCOMPLETE]
+    group.incomplete = len(recs) - len(judged)
+    group.requests = len(judged)
+    for r, outcome, cls in judged:
         group.outcomes[outcome] += 1
         tokens = int(_num(r.get("output_tokens")) or 0)
         group.output_tokens += tokens
@@ -459,7 +482,7 @@ def _fill(
                 if met is None:
                     group.unmeasurable[key] = group.unmeasurable.get(key, 0) + 1
     for metric in LATENCY_METRICS:
-        n, ps = latency_percentiles(recs, metric)
+        n, ps = latency_percentiles([r for r, _, _ in judged], metric)
         if n:
             group.percentiles[metric] = (n, ps)
 
@@ -522,7 +545,9 @@ def _burn_windows(
         if w > window.duration_s:
             break
         start = window.until - w
-        sub = [o for a, o in judged if a is not None and start <= a <= window.until]
+        sub = [
+            o for a, o in judged if a is not None and start <= a <= window.until and o != INCOMPLETE
+        ]
         good = sum(1 for o in sub if o == "good")
         out[_fmt_window(w)] = burn_rate(good / len(sub), cls.objective) if sub else None
     return out
@@ -591,7 +616,7 @@ def sweep_points(
             rates[label] = len(rs) / width
     points = []
     for label, rs in groups.items():
-        judged = [classify(r, spec) for r in rs]
+        judged = [(name, o) for name, o in (classify(r, spec) for r in rs) if o != INCOMPLETE]
         att: dict[str, float] = {}
         meets = True
         for cls in spec.classes:
@@ -612,44 +637,6 @@ def max_goodput(points: Sequence[SweepPoint]) -> MaxGoodput:
             return MaxGoodput(best, tuple(points), bounded=True)
         best = p.offered_rps
     return MaxGoodput(best, tuple(points), bounded=not points)
-
-
-# --- the store ------------------------------------------------------------------------------
-
-_RECORD_COLUMNS = (
-    "request_id", "replica", "model", "tenant", "slo_class", "task_id", "client_ttft_s",
-    "client_e2e_s", "ttft_s", "queue_s", "prefill_s", "decode_s", "e2e_s", "tpot_s",
-    "itl_p95_s", "prompt_tokens", "output_tokens", "status", "quality_pass",
-)  # fmt: skip
-_TS_COLUMNS = ("arrival_ts", "first_token_ts", "finish_ts")
-
-
-def load_records(
-    con: Any, since: float | None = None, until: float | None = None
-) -> list[dict[str, Any]]:
-    """Merged request records (times as epoch seconds) arriving in ``[since, until)``."""
-    cols = ", ".join(_RECORD_COLUMNS) + ", " + ", ".join(f"epoch({c}) AS {c}" for c in _TS_COLUMNS)
-    where, params = [], []
-    if since is not None:
-        where.append("arrival_ts >= to_timestamp(?)")
-        params.append(since)
-    if until is not None:
-        where.append("arrival_ts < to_timestamp(?)")
-        params.append(until)
-    sql = f"SELECT {cols} FROM requests"
-    if where:
-        sql += " WHERE " + " AND ".join(where)
-    cur = con.execute(sql + " ORDER BY arrival_ts NULLS LAST, request_id", params)
-    names = [d[0] for d in cur.description or []]
-    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
-
-
-def store_span(con: Any) -> tuple[float | None, float | None]:
-    """First arrival and last finish among stored requests (to resolve relative times)."""
-    row = con.execute(
-        "SELECT epoch(min(arrival_ts)), epoch(max(coalesce(finish_ts, arrival_ts))) FROM requests"
-    ).fetchone()
-    return (row[0], row[1]) if row else (None, None)
 
 
 # --- text -----------------------------------------------------------------------------------
@@ -683,14 +670,21 @@ def render_text(report: SloReport) -> str:
     for g in [*report.classes, report.overall]:
         head = f"\n{g.name}" + (f" (objective {_pct(g.objective)})" if g.objective else "")
         lines.append(head)
+        cut = (
+            f"  incomplete {g.incomplete} (cut at the load test's end; not judged)"
+            if g.incomplete
+            else None
+        )
         if not g.requests:
-            lines.append("  no requests")
+            lines.append("  no requests" if cut is None else "  no judged requests")
+            lines += [cut] if cut else []
             continue
         o = g.outcomes
         lines.append(
             f"  requests {g.requests}: good {o['good']}  slow {o['slow']}  error {o['error']}"
             f"  quality_fail {o['quality_fail']}"
         )
+        lines += [cut] if cut else []
         lines.append(f"  attainment {_pct(g.attainment)}  burn rate {_f(g.burn_rate)}")
         if g.burn_windows:
             lines.append(

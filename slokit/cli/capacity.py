@@ -61,7 +61,6 @@ def command(
     """KV bytes per token, resident tokens, sustainable work per replica at the SLO, and the
     replicas a target arrival rate needs (with N+1), each next to its assumptions."""
     from slokit.analysis import capacity
-    from slokit.analysis.slo import load_records
     from slokit.analysis.slo_spec import load_spec
     from slokit.errors import BadInput
     from slokit.store.db import open_store
@@ -75,8 +74,9 @@ def command(
             capacity.load_model_config(model_config), kv_dtype=kv_dtype, where=model_config
         )
     with open_store(db, read_only=True) as store:
-        cache = capacity.cache_config(store.con)
-        records = load_records(store.con)
+        reader = store.reader()
+        cache = reader.cache_config()
+        records = reader.requests(None, None)
     if prompt_tokens is not None and output_tokens is not None:
         mix: tuple[float, float] | None = (prompt_tokens, output_tokens)
         source = "given"

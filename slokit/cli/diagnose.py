@@ -57,11 +57,10 @@ def command(
             raise BadInput("--save writes the database; the sidecar stores its own findings")
         doc = SidecarClient(sidecar, token=token).diagnose(since, until)
     else:
-        from slokit.analysis.diagnose import DiagnoseOptions, run_diagnosis, store_findings
-        from slokit.analysis.rules._context import data_bounds
+        import slokit
+        from slokit.analysis.diagnose import store_findings
         from slokit.errors import StoreBusy
         from slokit.store.db import open_store
-        from slokit.timeutil import parse_duration, parse_time
 
         try:
             store = open_store(db, read_only=not save)
@@ -73,11 +72,7 @@ def command(
             doc = SidecarClient(running_sidecar(db), token=token).diagnose(since, until)
         else:
             with store:
-                _, newest = data_bounds(store.con)
-                lo = parse_time(since, newest) if since else None
-                hi = parse_time(until, newest) if until else None
-                options = DiagnoseOptions(baseline_lookback_s=parse_duration(baseline))
-                result = run_diagnosis(store.con, lo, hi, options=options)
+                result = slokit.diagnose(store, since, until, baseline=baseline)
                 if save:
                     store_findings(store, result.findings, window=(result.since, result.until))
                 doc = result.to_json()

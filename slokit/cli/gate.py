@@ -74,27 +74,18 @@ def command(
 
     Exit 0 pass, 1 SLO breach or regression, 2 bad input.
     """
-    from slokit.analysis import gate, slo
-    from slokit.analysis.slo_spec import load_spec
+    import slokit
+    from slokit.analysis import gate
 
     given = [x for x in (db, records_file, bench_file) if x is not None]
     if len(given) > 1:
         raise BadInput("give one input: --db, --records or --vllm-bench")
-    spec = load_spec(slo_file)
-    cfg = gate.gate_config(spec)
-    if records_file is not None:
-        run = gate.load_run_file(records_file, "records")
-    elif bench_file is not None:
-        run = gate.load_run_file(bench_file, "vllm-bench")
-    else:
-        from slokit.store.db import open_store
-
-        with open_store(db or default_db(), read_only=True) as store:
-            run = gate.RunInput(slo.load_records(store.con))
-    base = gate.load_baseline(baseline) if baseline else None
-    report = slo.evaluate(run.records, spec, duration_s=run.duration_s)
-    result = gate.evaluate_gate(
-        report, spec, config=cfg, current_records=run.records, baseline=base
+    result = slokit.gate(
+        slo_file,
+        source=None if records_file or bench_file else (db or default_db()),
+        records=records_file,
+        vllm_bench=bench_file,
+        baseline=baseline,
     )
     if junit:
         _write(junit, gate.junit_xml(result))

@@ -81,6 +81,13 @@ def _headers(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--otlp-endpoint", help="Export a client span per request (OTLP http/protobuf).")
 @click.option("--sweep", help="Run the open loop at each rate in turn, e.g. 5,10,20.")
 @click.option("--timeout", "timeout", default="300", show_default=True, help="Per-request limit.")
+@click.option(
+    "--drain",
+    default="30",
+    show_default=True,
+    help="At the end, how long requests in flight may still finish; the rest are recorded "
+    "incomplete (not errors). 'inf' waits for every answer (each bounded by --timeout).",
+)
 @click.option("--no-progress", is_flag=True, help="No progress line on stderr.")
 @click.option("--header", "header", multiple=True, help="Extra request header K=V (repeatable).")
 @click.option("--run-id", help="Prefix of request ids (<run-id>-<seq>); default random.")
@@ -100,6 +107,7 @@ def command(
     otlp_endpoint: str | None,
     sweep: str | None,
     timeout: str,
+    drain: str,
     no_progress: bool,
     header: tuple[str, ...],
     run_id: str | None,
@@ -109,7 +117,8 @@ def command(
 
     Open loop (--rate, Poisson or constant arrivals; the schedule is kept even when the
     server is slow) or closed loop (--users). Every request carries X-Request-Id and a W3C
-    traceparent so its record joins the server's spans.
+    traceparent so its record joins the server's spans. At the end, requests in flight get
+    --drain to finish; the rest are recorded incomplete, apart from errors and timeouts.
     """
     from slokit.lab.load import (
         LoadConfig,
@@ -141,6 +150,7 @@ def command(
         model=model,
         endpoint=endpoint,  # type: ignore[arg-type]
         timeout_s=_seconds(timeout, "--timeout"),
+        drain_s=_seconds(drain, "--drain"),
         headers=_headers(header),
         run_id=run_id,
         otlp_endpoint=otlp_endpoint,

@@ -47,31 +47,15 @@ def report(
 ) -> None:
     """Per class and overall: attainment, burn rate, observed goodput, latency percentiles
     with 95% confidence intervals, and cost (when the spec prices GPUs)."""
-    from slokit.analysis import cost as cost_mod
-    from slokit.analysis import slo
-    from slokit.analysis.slo_spec import load_spec
-    from slokit.store.db import open_store
-    from slokit.timeutil import parse_duration, parse_time
+    import slokit
+    from slokit.timeutil import parse_duration
 
-    spec = load_spec(slo_file)
     sweep: str | float | None = None
     if sweep_by is not None:
         sweep = "run" if sweep_by == "run" else parse_duration(sweep_by)
-    with open_store(db, read_only=True) as store:
-        _, newest = slo.store_span(store.con)
-        t0 = parse_time(since, newest) if since else None
-        t1 = parse_time(until, newest) if until else None
-        records = slo.load_records(store.con, t0, t1)
-        rep = slo.evaluate(records, spec, since=t0, until=t1, sweep=sweep)
-        w = rep.window
-        energy = cost_mod.energy_increase(store.con, w.since, w.until)
-    cost = cost_mod.compute_cost(records, spec, duration_s=w.duration_s, energy_j=energy)
+    spec = slokit.load_spec(slo_file)
+    result = slokit.slo_report(db, spec, since, until, sweep=sweep)
     if as_json:
-        doc = rep.to_json()
-        doc["cost"] = cost.to_json() if cost else None
-        print_json(doc)
-        return
-    click.echo(slo.render_text(rep))
-    if cost is not None:
-        click.echo("")
-        click.echo(cost_mod.render_text(cost))
+        print_json(result.to_dict())
+    else:
+        click.echo(result.render_text())

@@ -15,9 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
@@ -32,7 +30,6 @@ from slokit.sidecar.metrics import SidecarMetrics
 from slokit.sidecar.otlp_http import bearer_auth
 from slokit.sidecar.writer import QueueFull, RecordsRefused, Writer, WriterStopped
 from slokit.store.db import Store
-from slokit.timeutil import parse_time
 
 log = logging.getLogger("slokit.sidecar.api")
 
@@ -41,8 +38,6 @@ MAX_FEEDBACK_BYTES = 4 * 1024 * 1024
 #: fits percent-encoded, and a longer one (up to about 10,000 bytes) still reaches the handler,
 #: which answers 414 with the limit instead of aiohttp's bare "line too long".
 MAX_LINE_BYTES = 32 * 1024
-#: Times the API accepts: Unix seconds from 1970 to the end of year 9999.
-_MAX_TS = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -61,19 +56,6 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         text = exc.text or ""
         default = not text or text.startswith(f"{exc.status}:")  # "404: Not Found"
         return _error(exc.status, exc.reason if default else text, headers)
-
-
-def _bound(name: str, raw: str, newest: float | None) -> float:
-    """``since``/``until`` as epoch seconds: BadInput unless finite and within 1970..9999."""
-    if len(raw) > 64:
-        raise BadInput(f"{name}: not a time ({len(raw)} characters)")
-    ts = parse_time(raw, newest)
-    if not math.isfinite(ts) or not 0 <= ts <= _MAX_TS:
-        raise BadInput(
-            f"{name}={raw!r} is out of range: expected ISO 8601, Unix seconds from 1970 to "
-            "9999, or a duration such as 15m"
-        )
-    return ts
 
 
 class Api:
@@ -143,16 +125,11 @@ class Api:
         return web.json_response(doc, status=200 if ok else 503)
 
     def _store_open(self) -> bool:
-        try:
-            cur = self.store.cursor()
-            cur.execute("SELECT 1").fetchone()
-            cur.close()
-        except Exception:
-            return False
-        return True
+        return self.store.answers()
 
     async def explain(self, request: web.Request) -> web.Response:
         from slokit.analysis.explain import explain_request
+        from slokit.store.reader import LocalReader
 
         rid = request.match_info.get("request_id", request.query.get("id"))
         if rid is None:
@@ -162,7 +139,9 @@ class Api:
                                f"{MAX_REQUEST_ID_CHARS} characters")  # fmt: skip
         try:
             checked_request_id(rid)
-            doc = await self._read(lambda con: explain_request(con, rid, spec=self.spec))
+            doc = await self._read(
+                lambda con: explain_request(LocalReader(con), rid, spec=self.spec)
+            )
         except NotFound as exc:
             return _error(404, str(exc))
         except BadInput as exc:
@@ -170,22 +149,13 @@ class Api:
         return web.json_response(doc, dumps=lambda o: json.dumps(o, default=str))
 
     async def diagnose(self, request: web.Request) -> web.Response:
-        from slokit.analysis.diagnose import diagnose
+        import slokit
+        from slokit.store.reader import LocalReader
 
         since_raw, until_raw = request.query.get("since"), request.query.get("until")
 
         def run(con: Any) -> Any:
-            since = until = None
-            if since_raw or until_raw:
-                from slokit.store.queries import data_span
-
-                newest = data_span(con)[1]
-                since = _bound("since", since_raw, newest) if since_raw else None
-                until = _bound("until", until_raw, newest) if until_raw else None
-                if since is not None and until is not None and until <= since:
-                    raise BadInput(f"empty window: since={since_raw!r} is not before "
-                                   f"until={until_raw!r}")  # fmt: skip
-            return diagnose(con, since=since, until=until)
+            return slokit.diagnose(LocalReader(con), since_raw, until_raw).to_dict()
 
         try:
             doc = await self._read(run)

@@ -24,6 +24,11 @@ class SidecarMetrics:
             "slokit_output_tokens_total", "Output tokens of finished requests by SLO outcome.",
             SLI_LABELS, registry=r,
         )  # fmt: skip
+        self.requests_incomplete = Counter(
+            "slokit_requests_incomplete_total",
+            "Requests a load test cut at its end (status incomplete): not judged.", ["class"],
+            registry=r,
+        )  # fmt: skip
         self.gpu_cost = Counter(
             "slokit_gpu_cost_usd_total", "GPU cost accrued while the replica is up.",
             ["replica"], registry=r,

@@ -40,7 +40,7 @@ from slokit.sidecar.labels import label_limits
 from slokit.sidecar.metrics import SidecarMetrics
 from slokit.sidecar.otlp_http import OtlpHttpReceiver
 from slokit.sidecar.otlp_ingest import OtlpIngest
-from slokit.sidecar.parquet import ParquetExporter
+from slokit.store.lake_export import ParquetExporter
 from slokit.sidecar.scrape import NvmlLoop, Scraper
 from slokit.sidecar.sli import SliAccountant
 from slokit.sidecar.writer import Writer
@@ -351,16 +351,17 @@ class Sidecar:
         except ImportError:
             return
         from slokit.errors import NotFound
-        from slokit.store.queries import data_span
+        from slokit.store.reader import LocalReader
 
-        oldest, newest = data_span(con)
+        reader = LocalReader(con)
+        oldest, newest = reader.bounds()
         if oldest is None or newest is None:
             return
         # A window that starts before the data would leave the rules no baseline to compare
         # with: use all the data until there is more than a window of it.
         since = newest - FINDINGS_WINDOW_S if oldest < newest - FINDINGS_WINDOW_S else None
         try:
-            result = run_diagnosis(con, since=since)
+            result = run_diagnosis(reader, since=since)
         except NotFound:
             return
         assert self.store is not None

@@ -11,6 +11,11 @@ verdict already counted (feedback should come within the grace period). Only fra
 the last ``horizon_s`` (6 h) are read, so a tick costs the same on a year-old file; a
 fragment arriving more than that after its request's first would count it again.
 
+A request a load test cut at its end (status ``incomplete``) is neither good nor bad: it is
+left out of ``slokit_requests_total`` (whose ``outcome`` values the generated alert rules
+depend on), of the output tokens and of the tasks, and counted per class in
+``slokit_requests_incomplete_total``.
+
 Cost accrues per second while a replica's vLLM scrape is up; the trailing-window gauges
 divide it by the good requests (per class) and successful tasks of the same window, kept in
 per-minute buckets (bounded memory at any request rate).
@@ -33,30 +38,13 @@ from typing import Any
 
 import duckdb
 
-from slokit.analysis.slo import OUTCOMES
+from slokit.analysis.slo import INCOMPLETE, OUTCOMES
 from slokit.analysis.slo_spec import SloSpec
 from slokit.sidecar.labels import LabelBudget, LabelLimit
 from slokit.sidecar.metrics import SLI_LABELS, SidecarMetrics
+from slokit.store.queries import first_seen_between
 
 UNCLASSIFIED = "unclassified"
-_COLUMNS = (
-    "request_id", "replica", "model", "tenant", "slo_class", "task_id", "client_ttft_s",
-    "client_e2e_s", "ttft_s", "queue_s", "prefill_s", "decode_s", "e2e_s", "tpot_s",
-    "itl_p95_s", "prompt_tokens", "output_tokens", "status", "quality_pass",
-)  # fmt: skip
-
-_FINAL_SQL = f"""
-WITH recent AS (
-    SELECT DISTINCT request_id FROM request_fragments
-    WHERE ingested_at > to_timestamp($lo) AND ingested_at <= to_timestamp($hi)
-), first_seen AS (
-    SELECT request_id FROM request_fragments
-    WHERE ingested_at > to_timestamp($horizon) AND request_id IN (SELECT request_id FROM recent)
-    GROUP BY request_id HAVING min(ingested_at) > to_timestamp($lo)
-)
-SELECT {", ".join(_COLUMNS)} FROM requests
-WHERE request_id IN (SELECT request_id FROM first_seen)
-"""
 
 
 @dataclass
@@ -135,7 +123,10 @@ class SliAccountant:
     # -- requests ------------------------------------------------------------------------
     def outcome(self, record: dict[str, Any]) -> tuple[str, str]:
         if self.spec is None:
-            return UNCLASSIFIED, "good" if record.get("status") == "ok" else "error"
+            status = record.get("status")
+            if status == INCOMPLETE:
+                return UNCLASSIFIED, INCOMPLETE
+            return UNCLASSIFIED, "good" if status == "ok" else "error"
         from slokit.analysis.slo import classify
 
         cls, outcome = classify(record, self.spec)
@@ -146,15 +137,16 @@ class SliAccountant:
         cut = self.clock() - self.grace_s
         if cut <= self._watermark:
             return 0
-        params = {"lo": self._watermark, "hi": cut, "horizon": self._watermark - self.horizon_s}
-        cur = con.execute(_FINAL_SQL, params)
-        names = [d[0] for d in cur.description or []]
-        rows = cur.fetchall()
+        records = first_seen_between(
+            con, self._watermark, cut, horizon=self._watermark - self.horizon_s
+        )
         self._watermark = cut
         now = self.clock()
-        for row in rows:
-            rec = dict(zip(names, row, strict=True))
+        for rec in records:
             cls, outcome = self.outcome(rec)
+            if outcome == INCOMPLETE:
+                self.metrics.requests_incomplete.labels(cls).inc()
+                continue
             labels = self.budget.labelset(
                 (cls, str(rec.get("replica") or ""), str(rec.get("model") or ""), outcome)
             )
@@ -174,9 +166,9 @@ class SliAccountant:
                     self._tasks[task] = (now, ok and good)
                     if len(self._tasks) > self.max_tasks:
                         self._tasks.popitem(last=False)
-        self.counted += len(rows)
+        self.counted += len(records)
         self._update_cost_gauges(now)
-        return len(rows)
+        return len(records)
 
     def _update_cost_gauges(self, now: float) -> None:
         if self.spec is None or self.spec.gpu_hour_usd is None:

@@ -38,6 +38,7 @@ from slokit.store.faults import (
     truncation_reason,
 )
 from slokit.store.migrations import LATEST_VERSION, MIGRATIONS
+from slokit.store.reader import LocalReader
 
 log = logging.getLogger("slokit.store")
 
@@ -155,6 +156,22 @@ class Store:
         """A cursor for reads from another thread (same database, own connection state)."""
         return self.con.cursor()
 
+    def answers(self) -> bool:
+        """Whether the database answers a query (the readiness probe's check)."""
+        try:
+            cur = self.con.cursor()
+            try:
+                cur.execute("SELECT 1").fetchone()
+            finally:
+                cur.close()
+        except Exception:
+            return False
+        return True
+
+    def reader(self) -> LocalReader:
+        """The :class:`~slokit.store.reader.Reader` analysis asks its questions through."""
+        return LocalReader(self.con)
+
     # -- appends ---------------------------------------------------------------------------
     def append_fragments(self, fragments: Sequence[RequestFragment]) -> AppendResult:
         """Store fragments (deduplicated by fragment_id) and merge their requests."""
@@ -235,6 +252,20 @@ class Store:
                 "created_at": _ts_us([now] * len(findings)),
             },
         )
+
+    def replace_findings(
+        self, findings: Sequence[Finding], window: tuple[float, float] | None = None
+    ) -> int:
+        """Store findings; with ``window``, first drop those an earlier run stored for a span
+        inside it (re-running a diagnosis over the same data does not duplicate them)."""
+        if window is not None:
+            with self.transaction() as con:
+                con.execute(
+                    "DELETE FROM findings WHERE start_ts >= to_timestamp(?) "
+                    "AND end_ts <= to_timestamp(?)",
+                    [window[0], window[1]],
+                )
+        return self.append_findings(findings)
 
     def record_rejection(self, source: str, reason: str, count: int, detail: str | None) -> None:
         with self.transaction() as con:

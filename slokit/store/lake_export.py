@@ -19,7 +19,7 @@ from pathlib import Path
 
 import duckdb
 
-log = logging.getLogger("slokit.sidecar.parquet")
+log = logging.getLogger("slokit.store.lake_export")
 
 #: table -> its time column.
 TABLES: dict[str, str] = {"requests": "arrival_ts", "engine_samples": "ts", "gpu_samples": "ts"}

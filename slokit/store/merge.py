@@ -6,6 +6,13 @@ on the order they arrived in, and re-ingesting a fragment changes nothing. Serve
 trust vLLM first; the outcome (status, HTTP code, error) trusts the client first, since only it
 saw what the caller got.
 
+That holds for a client fragment ``incomplete`` too (a load test cut the request at its end):
+the merged status stays ``incomplete`` even when vLLM's span of the same request shows it
+finished (an E2E, status ok). The server may well have served it, but the caller stopped
+listening before the answer arrived, so no one measured what a user would have got; the
+request is counted apart and judged neither good nor bad. vLLM's own latencies stay in the
+row (vLLM first), for ``explain``.
+
 The rule has two implementations that give identical rows (``tests/store``): :func:`merge_sql`
 merges in SQL from the stored fragments (the reference, and ``Store._merge``);
 :func:`merge_batch` merges fragments in memory (Arrow), as the write path does. Each picks the

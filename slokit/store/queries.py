@@ -1,4 +1,4 @@
-"""Read queries over the store. Analysis code reads through these, never writes.
+"""Point and series queries over the local store, behind :class:`slokit.store.reader.LocalReader`.
 
 Times in and out are epoch seconds (float). Counter rates handle resets: a decrease between two
 samples is a reset, and the increase over it is the new value (Prometheus ``increase`` semantics).
@@ -10,6 +10,7 @@ from typing import Any
 
 import duckdb
 
+from slokit.errors import BadInput
 from slokit.ids import candidate_ids
 
 _REQUEST_TS = ("arrival_ts", "first_token_ts", "finish_ts", "updated_at")
@@ -36,23 +37,6 @@ def get_request(con: duckdb.DuckDBPyConnection, request_id: str) -> dict[str, An
         if rec is not None:
             return rec
     return None
-
-
-def data_span(con: duckdb.DuckDBPyConnection) -> tuple[float | None, float | None]:
-    """Oldest and newest timestamp the store holds (requests and engine samples)."""
-    row = con.execute(
-        """
-        SELECT min(lo), max(hi) FROM (
-            SELECT epoch(min(arrival_ts)) AS lo, epoch(max(coalesce(finish_ts, arrival_ts))) AS hi
-            FROM requests
-            UNION ALL
-            SELECT epoch(min(ts)), epoch(max(ts)) FROM engine_samples
-        )
-        """
-    ).fetchone()
-    if not row:
-        return None, None
-    return row[0], row[1]
 
 
 def percentile_ranks(
@@ -91,6 +75,24 @@ def percentile_ranks(
         rank, p50, p95 = row[1 + 3 * i : 4 + 3 * i]
         ranks[m] = {"rank": rank, "p50": p50, "p95": p95}
     return {"peers": int(row[0]), "ranks": ranks}
+
+
+#: Engine counters a reader may be asked to increase (column names, never SQL from callers).
+ENGINE_COUNTERS = frozenset(
+    {
+        "preemptions_total", "prompt_tokens_total", "generation_tokens_total",
+        "prefix_cache_queries_total", "prefix_cache_hits_total", "request_success_total",
+        "spec_decode_drafts_total", "spec_decode_draft_tokens_total",
+        "spec_decode_accepted_tokens_total",
+    }
+)  # fmt: skip
+
+
+def engine_counter(column: str) -> str:
+    """``column`` if it is an engine counter; BadInput otherwise (it becomes SQL text)."""
+    if column not in ENGINE_COUNTERS:
+        raise BadInput(f"not an engine counter: {column!r}")
+    return column
 
 
 def counter_increase(
@@ -197,22 +199,6 @@ def engine_window(
     return [dict(zip(ENGINE_WINDOW_COLUMNS, r, strict=True)) for r in rows]
 
 
-def increase(values: list[float]) -> tuple[float | None, int]:
-    """Increase of a cumulative counter over consecutive samples, and the resets seen.
-
-    The same semantics as :func:`counter_increase`, for samples already in memory."""
-    total, resets, prev = 0.0, 0, None
-    for v in values:
-        if prev is not None:
-            if v < prev:
-                resets += 1
-                total += v
-            else:
-                total += v - prev
-        prev = v
-    return (total if len(values) >= 2 else None), resets
-
-
 def peer_count(
     con: duckdb.DuckDBPyConnection, since: float, until: float, slo_class: str | None
 ) -> int:
@@ -223,3 +209,151 @@ def peer_count(
         params.append(slo_class)
     rows = con.execute(f"SELECT count(*) FROM requests WHERE {where}", params).fetchall()
     return int(rows[0][0])
+
+
+_RECORD_COLUMNS = (
+    "request_id", "replica", "model", "tenant", "slo_class", "task_id", "client_ttft_s",
+    "client_e2e_s", "ttft_s", "queue_s", "prefill_s", "decode_s", "e2e_s", "tpot_s",
+    "itl_p95_s", "prompt_tokens", "output_tokens", "status", "quality_pass",
+)  # fmt: skip
+_RECORD_TS_COLUMNS = ("arrival_ts", "first_token_ts", "finish_ts")
+
+
+def _between(
+    column: str, since: float | None, until: float | None, *, closed: bool = True
+) -> tuple[str, list[Any]]:
+    """SQL condition and parameters: ``column`` in [since, until] (``closed``) or [since, until)."""
+    where, params = ["TRUE"], []
+    if since is not None:
+        where.append(f"{column} >= to_timestamp(?)")
+        params.append(since)
+    if until is not None:
+        where.append(f"{column} {'<=' if closed else '<'} to_timestamp(?)")
+        params.append(until)
+    return " AND ".join(where), params
+
+
+def load_records(
+    con: duckdb.DuckDBPyConnection, since: float | None = None, until: float | None = None
+) -> list[dict[str, Any]]:
+    """Merged request records (times as epoch seconds) arriving in ``[since, until)``."""
+    cols = (
+        ", ".join(_RECORD_COLUMNS)
+        + ", "
+        + ", ".join(f"epoch({c}) AS {c}" for c in _RECORD_TS_COLUMNS)
+    )
+    where, params = _between("arrival_ts", since, until, closed=False)
+    cur = con.execute(
+        f"SELECT {cols} FROM requests WHERE {where} ORDER BY arrival_ts NULLS LAST, request_id",
+        params,
+    )
+    names = [d[0] for d in cur.description or []]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def energy_increase(
+    con: duckdb.DuckDBPyConnection, since: float | None, until: float | None
+) -> float | None:
+    """Joules used by all GPUs over ``[since, until]``, from cumulative ``energy_j``
+    (a decrease is a reset: the increase over it is the new value). None without data."""
+    where, params = _between("ts", since, until)
+    row = con.execute(
+        f"""
+        WITH d AS (
+            SELECT energy_j AS v,
+                   lag(energy_j) OVER (PARTITION BY coalesce(node, ''), gpu ORDER BY ts) AS prev
+            FROM gpu_samples WHERE energy_j IS NOT NULL AND {where}
+        )
+        SELECT count(*) FILTER (WHERE prev IS NOT NULL),
+               sum(CASE WHEN prev IS NULL THEN 0 WHEN v < prev THEN v ELSE v - prev END)
+        FROM d
+        """,
+        params,
+    ).fetchone()
+    if not row or not row[0]:
+        return None
+    return float(row[1])
+
+
+def engine_series(
+    con: duckdb.DuckDBPyConnection, since: float | None, until: float | None
+) -> dict[str, list[tuple[float, float | None, float | None]]]:
+    """Replica -> [(ts, running, waiting)] from the engine samples in the window."""
+    where, params = _between("ts", since, until)
+    out: dict[str, list[tuple[float, float | None, float | None]]] = {}
+    for replica, ts, running, waiting in con.execute(
+        f"SELECT replica, epoch(ts), running, waiting FROM engine_samples WHERE {where} "
+        "ORDER BY ts",
+        params,
+    ).fetchall():
+        out.setdefault(str(replica), []).append((float(ts), running, waiting))
+    return out
+
+
+def stored_findings(
+    con: duckdb.DuckDBPyConnection, since: float | None, until: float | None, limit: int = 200
+) -> list[dict[str, Any]]:
+    """Findings overlapping the window: the most severe first, then the newest."""
+    where, params = ["TRUE"], []
+    if since is not None:
+        where.append("end_ts >= to_timestamp(?)")
+        params.append(since)
+    if until is not None:
+        where.append("start_ts <= to_timestamp(?)")
+        params.append(until)
+    rows = con.execute(
+        "SELECT rule, severity, confidence, replica, epoch(start_ts), epoch(end_ts), summary, "
+        f"runbook FROM findings WHERE {' AND '.join(where)} "
+        "ORDER BY CASE severity WHEN 'critical' THEN 0 WHEN 'warning' THEN 1 ELSE 2 END,"
+        " start_ts DESC LIMIT ?",
+        [*params, limit],
+    ).fetchall()
+    keys = ("rule", "severity", "confidence", "replica", "start", "end", "summary", "runbook")
+    return [dict(zip(keys, row, strict=True)) for row in rows]
+
+
+def cache_config(con: duckdb.DuckDBPyConnection) -> dict[str, float] | None:
+    """The newest ``num_gpu_blocks`` and ``block_size`` the engine samples carry."""
+    row = con.execute(
+        "SELECT num_gpu_blocks, block_size FROM engine_samples "
+        "WHERE num_gpu_blocks IS NOT NULL AND block_size IS NOT NULL ORDER BY ts DESC LIMIT 1"
+    ).fetchone()
+    if not row:
+        return None
+    return {"num_gpu_blocks": float(row[0]), "block_size": float(row[1])}
+
+
+def slowest_request(con: duckdb.DuckDBPyConnection, *, source: str = "vllm") -> str | None:
+    """The successful request with ``source``'s fragment that waited longest for its first
+    token (client TTFT where known)."""
+    rows = con.execute(
+        "SELECT request_id FROM requests WHERE status = 'ok' AND list_contains(sources, ?) "
+        "ORDER BY coalesce(client_ttft_s, ttft_s) DESC NULLS LAST LIMIT 1",
+        [source],
+    ).fetchall()
+    return str(rows[0][0]) if rows else None
+
+
+_FIRST_SEEN_SQL = f"""
+WITH recent AS (
+    SELECT DISTINCT request_id FROM request_fragments
+    WHERE ingested_at > to_timestamp($lo) AND ingested_at <= to_timestamp($hi)
+), first_seen AS (
+    SELECT request_id FROM request_fragments
+    WHERE ingested_at > to_timestamp($horizon) AND request_id IN (SELECT request_id FROM recent)
+    GROUP BY request_id HAVING min(ingested_at) > to_timestamp($lo)
+)
+SELECT {", ".join(_RECORD_COLUMNS)} FROM requests
+WHERE request_id IN (SELECT request_id FROM first_seen)
+"""
+
+
+def first_seen_between(
+    con: duckdb.DuckDBPyConnection, lo: float, hi: float, *, horizon: float
+) -> list[dict[str, Any]]:
+    """Merged records of the requests whose first fragment was ingested in ``(lo, hi]``
+    (fragments older than ``horizon`` are not read: a tick costs the same on a year-old
+    file). Times are not read: the SLI judges durations and outcomes only."""
+    cur = con.execute(_FIRST_SEEN_SQL, {"lo": lo, "hi": hi, "horizon": horizon})
+    names = [d[0] for d in cur.description or []]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]

@@ -23,6 +23,6 @@ def run(store: Store) -> Run:
     """Diagnose the fixture store (all its data unless since/until are given)."""
 
     def _run(**kw: Any) -> dict[str, Any]:
-        return diagnose(store.con, **kw)
+        return diagnose(store.reader(), **kw)
 
     return _run

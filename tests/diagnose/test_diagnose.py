@@ -94,7 +94,7 @@ def test_inverted_window_is_bad_input(store: Store, run: Run) -> None:
 def test_stored_findings_reach_explain_and_rerun_does_not_duplicate(store: Store) -> None:
     queue_incident(store)
     for _ in range(2):
-        result = run_diagnosis(store.con)
+        result = run_diagnosis(store.reader())
         store_findings(store, result.findings, window=(result.since, result.until))
     count = store.con.execute("SELECT count(*) FROM findings").fetchone()
     assert count is not None and count[0] == len(result.findings) == 1
@@ -103,7 +103,7 @@ def test_stored_findings_reach_explain_and_rerun_does_not_duplicate(store: Store
         for f in requests(queue_s=after(INCIDENT, 0.02, 1.5))
         if f.arrival_ts and f.arrival_ts > INCIDENT + 60
     )
-    doc = explain_request(store.con, late.request_id)
+    doc = explain_request(store.reader(), late.request_id)
     assert [f["rule"] for f in doc["findings"]] == ["queue_saturation"]
     assert doc["runbook"] == "runbooks/queue_saturation.md"
 

@@ -90,7 +90,7 @@ def test_no_rule_crashes_on_odd_stored_values(
     for column, (i, v) in req_muts:
         rid = REQUESTS[i % len(REQUESTS)].request_id
         base_store.con.execute(f"UPDATE requests SET {column} = ? WHERE request_id = ?", [v, rid])
-    result = run_diagnosis(base_store.con)
+    result = run_diagnosis(base_store.reader())
     assert _failed(result.coverage) == {}
     render_text(result.to_json())
 
@@ -99,7 +99,7 @@ def test_kv_pressure_is_still_reported_with_a_1e308_counter_sample(base_store: S
     eng = copy.deepcopy(ENGINE)
     eng[len(eng) // 2 + 10].preemptions_total = 1e308
     _load(base_store, eng, GPU)
-    result = run_diagnosis(base_store.con)
+    result = run_diagnosis(base_store.reader())
     assert _failed(result.coverage) == {}
     assert "kv_pressure" in {f.rule for f in result.findings}
 
@@ -110,7 +110,7 @@ def test_gpu_xid_reports_two_xids_of_one_bucket(base_store: Store) -> None:
     twin = copy.deepcopy(next(g for g in gp if g.ts == t))
     twin.gpu, twin.xid_last = "1", 48.0  # a second GPU of the replica, another XID
     _load(base_store, ENGINE, [*gp, twin])
-    (f,) = [f for f in run_diagnosis(base_store.con).findings if f.rule == "gpu_xid"]
+    (f,) = [f for f in run_diagnosis(base_store.reader()).findings if f.rule == "gpu_xid"]
     assert f.evidence["xids"] == [48, 79] and f.evidence["gpus"] == ["0", "1"]
 
 
@@ -128,7 +128,7 @@ def test_a_crashing_rule_is_listed_logged_and_headlined(
     _load(base_store, ENGINE, GPU)
     rules = [r for r in all_rules() if r.id != "kv_pressure"] + [_Broken()]
     with caplog.at_level(logging.DEBUG, logger="slokit.analysis.diagnose"):
-        doc = run_diagnosis(base_store.con, rules=rules).to_json()
+        doc = run_diagnosis(base_store.reader(), rules=rules).to_json()
     reason = "OverflowError: cannot convert float infinity to integer"
     assert doc["coverage"]["failed"] == {"kv_pressure": reason}
     assert "queue_saturation" in doc["coverage"]["ran"]  # the others still ran

@@ -112,7 +112,7 @@ def test_scenario_is_diagnosed_as_its_rule(path: Any) -> None:
     collected = run_scenario_virtual(sc)
     with open_store(":memory:") as store:
         collected.store_into(store)
-        doc = diagnose(store.con, **collected.diagnose_args(sc))
+        doc = diagnose(store.reader(), **collected.diagnose_args(sc))
     summaries = [f"{f['severity']} {f['rule']}: {f['summary']}" for f in doc["findings"]]
     if sc.rule is None:
         assert _reported(doc, above_info=True) == set(), summaries

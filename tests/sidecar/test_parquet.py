@@ -6,7 +6,7 @@ from pathlib import Path
 
 import duckdb
 
-from slokit.sidecar.parquet import ParquetExporter
+from slokit.store.lake_export import ParquetExporter
 from slokit.sources.otlp import decode_traces
 from slokit.store.db import open_store
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from slo_builders import SPEC_YAML, known_fragments
 
-from slokit.analysis.gate import records_from_fragments
 from slokit.analysis.slo_spec import SloSpec, load_spec
+from slokit.sources.runs import records_from_fragments
 
 
 @pytest.fixture

@@ -11,16 +11,15 @@ from click.testing import CliRunner
 from slo_builders import frag
 
 from slokit.analysis.capacity import (
-    cache_config,
     kv_shape,
     plan,
     sustainable_work,
 )
-from slokit.analysis.gate import records_from_fragments
 from slokit.analysis.slo_spec import SloSpec
 from slokit.cli import main
 from slokit.errors import BadInput
 from slokit.sources.files import parse_metrics_file
+from slokit.sources.runs import records_from_fragments
 from slokit.store.db import open_store
 
 TINY = {"num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
@@ -53,7 +52,7 @@ def test_resident_tokens_come_from_the_real_vllm_cache_config(vllm_fixtures: Pat
     )
     with open_store(":memory:") as store:
         store.append_engine_samples(recs.engine_samples)
-        cache = cache_config(store.con)
+        cache = store.reader().cache_config()
     assert cache == {"num_gpu_blocks": 128.0, "block_size": 128.0}
     # the capture's own kv_cache_size_tokens is 16384
     assert plan(cache=cache).get("resident_tokens_per_replica").value == 16384

@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 from slo_builders import frag
 
-from slokit.analysis.cost import compute_cost, energy_increase, task_outcomes
-from slokit.analysis.gate import records_from_fragments
+from slokit.analysis.cost import compute_cost, task_outcomes
 from slokit.analysis.slo import evaluate
 from slokit.analysis.slo_spec import SloSpec
 from slokit.records import GpuSample
+from slokit.sources.runs import records_from_fragments
 from slokit.store.db import open_store
 
 
@@ -142,8 +142,8 @@ def test_energy_is_the_counter_increase_across_gpus_and_resets() -> None:
                 GpuSample(ts=20.0, node="n", gpu="1", energy_j=300.0),
             ]
         )
-        assert energy_increase(store.con, None, None) == pytest.approx(500 + 200 + 300)
-        assert energy_increase(store.con, 10.0, 20.0) == pytest.approx(200 + 0)
+        assert store.reader().energy_increase(None, None) == pytest.approx(500 + 200 + 300)
+        assert store.reader().energy_increase(10.0, 20.0) == pytest.approx(200 + 0)
 
 
 def test_energy_per_output_token(spec: SloSpec, known_records: list[Any]) -> None:

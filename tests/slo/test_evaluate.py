@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 from slo_builders import frag
 
-from slokit.analysis.gate import records_from_fragments
 from slokit.analysis.slo import (
     evaluate,
     max_goodput,
@@ -20,6 +19,7 @@ from slokit.analysis.slo import (
 )
 from slokit.analysis.slo_spec import SloSpec
 from slokit.errors import BadInput
+from slokit.sources.runs import records_from_fragments
 
 
 def test_attainment_per_class_and_overall(spec: SloSpec, known_records: list[Any]) -> None:

@@ -19,10 +19,10 @@ from slokit.analysis.gate import (
     junit_xml,
     markdown_summary,
 )
-from slokit.analysis.gate import records_from_fragments as merged
 from slokit.analysis.slo import evaluate
 from slokit.analysis.slo_spec import SloSpec, load_spec
 from slokit.errors import BadInput
+from slokit.sources.runs import records_from_fragments as merged
 
 
 def spec_with(tmp_path: Path, gate_yaml: str) -> SloSpec:
@@ -75,17 +75,15 @@ def test_bad_gate_settings_name_the_field_and_line(
     tmp_path: Path, gate_yaml: str, expected: str
 ) -> None:
     with pytest.raises(BadInput, match=expected):
-        gate_config(spec_with(tmp_path, gate_yaml))
+        spec_with(tmp_path, gate_yaml)  # the spec's loader validates its gate section
 
 
 def test_the_error_line_is_the_line_of_the_offending_mapping(tmp_path: Path) -> None:
-    spec = spec_with(
-        tmp_path, "  min_requests: 10\n  percentiles:\n    batch:\n      e2e_p95_ms: -3\n"
-    )
-    lines = (tmp_path / "gated.yaml").read_text().splitlines()
+    gate_yaml = "  min_requests: 10\n  percentiles:\n    batch:\n      e2e_p95_ms: -3\n"
+    lines = (SPEC_YAML + "gate:\n" + gate_yaml).splitlines()
     expected_line = lines.index("      e2e_p95_ms: -3") + 1
     with pytest.raises(BadInput, match=rf"gated.yaml:{expected_line}: "):
-        gate_config(spec)
+        spec_with(tmp_path, gate_yaml)  # the spec's loader validates its gate section
 
 
 # --- checks ---------------------------------------------------------------------------------

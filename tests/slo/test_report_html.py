@@ -121,8 +121,6 @@ def test_the_page_shows_attainment_cost_and_escaped_findings(
 
 
 def test_findings_are_listed_most_severe_first(tmp_path: Path) -> None:
-    from slokit.analysis.report_html import stored_findings
-
     with open_store(tmp_path / "f.duckdb") as store:
         store.append_findings([
             Finding("telemetry_gap", "info", 0.9, None, 30.0, 50.0, "no GPU", {}, "runbooks/telemetry_gap.md"),
@@ -130,7 +128,7 @@ def test_findings_are_listed_most_severe_first(tmp_path: Path) -> None:
             Finding("kv_pressure", "critical", 0.9, "r1", 10.0, 50.0, "kv", {}, "runbooks/kv_pressure.md"),
             Finding("error_burst", "warning", 0.7, "r0", 40.0, 50.0, "e", {}, "runbooks/error_burst.md"),
         ])  # fmt: skip
-        found = stored_findings(store.con, None, None)
+        found = store.reader().findings(None, None)
     assert [f["rule"] for f in found] == [
         "kv_pressure",
         "error_burst",  # the newer warning first

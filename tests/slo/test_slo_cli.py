@@ -179,6 +179,29 @@ def test_gate_with_a_bad_spec_exits_2_naming_field_and_line(tmp_path: Path, heal
     assert "bad.yaml:4: classes[0].objective: must be in (0, 1)" in res.output
 
 
+@pytest.mark.parametrize(
+    ("gate_yaml", "message"),
+    [
+        ("  max_burn: 2\n", "gate: unknown keys ['max_burn']"),
+        ("  min_requests: -1\n", "gate.min_requests: must be a number >= 0, got -1"),
+    ],
+    ids=["unknown key", "negative threshold"],
+)
+def test_a_bad_gate_section_fails_slo_report_as_it_fails_gate(
+    tmp_path: Path, spec_path: Path, healthy: Path, gate_yaml: str, message: str
+) -> None:
+    spec = tmp_path / "gated.yaml"
+    spec.write_text(spec_path.read_text() + "gate:\n" + gate_yaml)
+    line = spec.read_text().splitlines().index(gate_yaml.rstrip("\n")) + 1
+    gated = gate("--slo", str(spec), "--records", str(healthy))
+    report = CliRunner().invoke(
+        main, ["slo", "report", "--slo", str(spec), "--db", str(tmp_path / "none.duckdb")]
+    )
+    assert (gated.exit_code, report.exit_code) == (2, 2), (gated.output, report.output)
+    assert f"gated.yaml:{line}: {message}" in gated.output
+    assert report.output == gated.output
+
+
 def _db(tmp_path: Path) -> Path:
     db = tmp_path / "s.duckdb"
     with open_store(db) as store:

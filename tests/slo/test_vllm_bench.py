@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from slokit.analysis.gate import load_run_file
 from slokit.analysis.slo import evaluate
 from slokit.analysis.slo_spec import parse_spec
+from slokit.sources.runs import load_run_file
 
 # vllm bench serve --goodput ttft:125 tpot:62.5 e2el:1000
 GOODPUT = {"ttft": 125.0, "tpot": 62.5, "e2el": 1000.0}

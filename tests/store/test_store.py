@@ -10,7 +10,6 @@ import pytest
 
 from slokit.errors import BadInput, StoreBusy
 from slokit.records import EngineSample, HistogramSnapshot, RequestFragment
-from slokit.store import queries as q
 from slokit.store.db import open_store
 from slokit.store.migrations import MIGRATIONS
 
@@ -70,7 +69,7 @@ def test_fragments_from_vllm_and_client_merge_into_one_request() -> None:
     with open_store(":memory:") as store:
         store.append_fragments([vllm_frag()])
         store.append_fragments([client_frag()])
-        rec = q.get_request(store.con, "r1")
+        rec = store.reader().request("r1")
         assert rec is not None
         assert sorted(rec["sources"]) == ["client", "vllm"]
         assert rec["ttft_s"] == 0.2 and rec["client_ttft_s"] == 0.25
@@ -91,7 +90,7 @@ def test_merge_result_does_not_depend_on_arrival_order() -> None:
         with open_store(":memory:") as store:
             for f in perm:
                 store.append_fragments([f])
-            rec = q.get_request(store.con, "r1")
+            rec = store.reader().request("r1")
             assert rec is not None
             rec.pop("updated_at")
             results.append(rec)
@@ -111,14 +110,14 @@ def test_same_span_twice_makes_one_fragment_and_one_record() -> None:
 def test_client_outcome_wins_over_vllm_ok() -> None:
     with open_store(":memory:") as store:
         store.append_fragments([vllm_frag(), client_frag(status="cancelled")])
-        rec = q.get_request(store.con, "r1")
+        rec = store.reader().request("r1")
         assert rec is not None and rec["status"] == "cancelled"
 
 
 def test_vllm_only_request_is_ok_and_timestamps_derive_from_latencies() -> None:
     with open_store(":memory:") as store:
         store.append_fragments([vllm_frag()])
-        rec = q.get_request(store.con, "cmpl-r1-0")
+        rec = store.reader().request("cmpl-r1-0")
         assert rec is not None and rec["status"] == "ok"
         assert rec["first_token_ts"] == pytest.approx(T0 + 0.2)
         assert rec["finish_ts"] == pytest.approx(T0 + 2.2)
@@ -127,7 +126,7 @@ def test_vllm_only_request_is_ok_and_timestamps_derive_from_latencies() -> None:
 def test_missing_facts_stay_null() -> None:
     with open_store(":memory:") as store:
         store.append_fragments([vllm_frag()])
-        rec = q.get_request(store.con, "r1")
+        rec = store.reader().request("r1")
         assert rec is not None
         assert rec["client_ttft_s"] is None and rec["quality_pass"] is None
         assert rec["preemptions"] is None and rec["model"] is None
@@ -140,28 +139,14 @@ def _engine(ts: float, preemptions: float) -> EngineSample:
 def test_counter_increase_counts_a_reset_as_a_restart_from_zero() -> None:
     with open_store(":memory:") as store:
         store.append_engine_samples([_engine(T0 + i, v) for i, v in enumerate([10, 12, 15, 2, 5])])
-        inc = q.counter_increase(
-            store.con,
-            table="engine_samples",
-            column="preemptions_total",
-            replica="pod-a",
-            since=T0,
-            until=T0 + 10,
-        )
+        inc = store.reader().engine_counter_increase("preemptions_total", "pod-a", T0, T0 + 10)
         assert inc == {"increase": 2 + 3 + 2 + 3, "samples": 5, "resets": 1}
 
 
 def test_counter_increase_starts_from_the_sample_before_the_window() -> None:
     with open_store(":memory:") as store:
         store.append_engine_samples([_engine(T0 + i, v) for i, v in enumerate([10, 12, 15, 16])])
-        inc = q.counter_increase(
-            store.con,
-            table="engine_samples",
-            column="preemptions_total",
-            replica="pod-a",
-            since=T0 + 1.5,
-            until=T0 + 3,
-        )
+        inc = store.reader().engine_counter_increase("preemptions_total", "pod-a", T0 + 1.5, T0 + 3)
         assert inc["increase"] == 4  # 12 (at T0+1) -> 16
 
 

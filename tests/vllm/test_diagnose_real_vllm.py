@@ -182,9 +182,9 @@ def _diagnose_run(
             store.append_fragments(frags)
         store.append_engine_samples(driven.samples)
         if since_phase is None:
-            return diagnose(store.con)
+            return diagnose(store.reader())
         options = DiagnoseOptions(baseline_lookback_s=baseline_s or 3600.0)
-        return diagnose(store.con, since=driven.phase_starts[since_phase], options=options)
+        return diagnose(store.reader(), since=driven.phase_starts[since_phase], options=options)
 
 
 def _rules(doc: dict[str, Any], min_severity: str = "warning") -> set[str]:

@@ -25,7 +25,6 @@ from slokit.analysis.rules._util import (
 )
 from slokit.records import Finding
 from slokit.sources.validate import MAX_COUNT
-from slokit.store import queries as q
 
 
 @register
@@ -47,13 +46,8 @@ class KvPressure:
             if span is None:
                 continue
             start, end = span
-            pre = q.counter_increase(
-                ctx.con,
-                table="engine_samples",
-                column="preemptions_total",
-                replica=replica,
-                since=start - o.bucket_s,
-                until=end,
+            pre = ctx.reader.engine_counter_increase(
+                "preemptions_total", replica, start - o.bucket_s, end
             )
             # The raw counter (a value past MAX_COUNT cannot be real: read it as unknown).
             increase = num(pre["increase"])

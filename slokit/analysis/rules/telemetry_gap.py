@@ -29,10 +29,6 @@ LABELS = {
     "engine": "vLLM engine metrics",
     "gpu": "GPU telemetry (DCGM/NVML)",
 }
-_TABLES = {
-    "engine": ("engine_samples", "replica"),
-    "gpu": ("gpu_samples", "coalesce(replica, coalesce(node, '') || '/' || gpu)"),
-}
 _SCRAPE_SOURCE = {"vllm": "engine", "dcgm": "gpu", "nvml": "gpu"}
 
 
@@ -93,58 +89,18 @@ class TelemetryGap:
 
     @staticmethod
     def _last_seen(ctx: DiagnoseContext, source: str) -> float | None:
-        table, col, cond = {
-            "requests": ("requests", "arrival_ts", "TRUE"),
-            "spans": ("requests", "arrival_ts", "queue_s IS NOT NULL"),
-            "engine": ("engine_samples", "ts", "TRUE"),
-            "gpu": ("gpu_samples", "ts", "TRUE"),
-        }[source]
-        row = ctx.con.execute(
-            f"SELECT epoch(max({col})) FROM {table} WHERE {cond} AND {col} < to_timestamp(?)",
-            [ctx.since],
-        ).fetchone()
-        return num(row[0]) if row else None
+        return num(ctx.reader.last_seen(source, ctx.since))
 
     # -- stale -------------------------------------------------------------------------
     @staticmethod
     def _gaps(ctx: DiagnoseContext, source: str) -> dict[str, list[dict[str, Any]]]:
-        table, key = _TABLES[source]
         o = ctx.options
-        rows = ctx.con.execute(
-            f"""
-            WITH pts AS (
-                SELECT DISTINCT {key} AS replica, epoch(ts) AS t FROM {table}
-                WHERE ts >= to_timestamp(?) AND ts <= to_timestamp(?)
-            ), d AS (
-                SELECT replica, t, t - lag(t) OVER (PARTITION BY replica ORDER BY t) AS gap
-                FROM pts
-            ), usual AS (
-                SELECT replica, quantile_cont(gap, 0.5) AS med, max(t) AS last_t FROM d
-                GROUP BY replica
-            )
-            SELECT d.replica, d.t - d.gap AS gap_start, d.t AS gap_end, usual.med,
-                   usual.last_t
-            FROM d JOIN usual USING (replica)
-            WHERE d.gap > greatest(? * usual.med, ?)
-            UNION ALL
-            SELECT replica, last_t, ?, med, last_t FROM usual
-            WHERE ? - last_t > greatest(? * med, ?)
-            ORDER BY 1, 2
-            """,
-            [
-                ctx.since,
-                ctx.until,
-                o.stale_factor,
-                o.min_gap_s,
-                ctx.until,
-                ctx.until,
-                o.stale_factor,
-                o.min_gap_s,
-            ],
-        ).fetchall()
+        gaps = ctx.reader.sample_gaps(
+            source, ctx.since, ctx.until, stale_factor=o.stale_factor, min_gap_s=o.min_gap_s
+        )
         out: dict[str, list[dict[str, Any]]] = {}
-        for replica, start, end, med, _last in rows:
-            out.setdefault(str(replica), []).append(
+        for replica, start, end, med in gaps:
+            out.setdefault(replica, []).append(
                 {
                     "start": start,
                     "end": end,
@@ -156,18 +112,7 @@ class TelemetryGap:
 
     @staticmethod
     def _failed_scrapes(ctx: DiagnoseContext) -> list[dict[str, Any]]:
-        cur = ctx.con.execute(
-            """
-            SELECT kind, target, replica, count(*) AS failed, epoch(min(ts)) AS first,
-                   epoch(max(ts)) AS last, mode(error) AS error
-            FROM scrapes
-            WHERE NOT up AND ts >= to_timestamp(?) AND ts <= to_timestamp(?)
-            GROUP BY ALL ORDER BY kind, target
-            """,
-            [ctx.since, ctx.until],
-        )
-        names = [d[0] for d in cur.description or []]
-        return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+        return ctx.reader.failed_scrapes(ctx.since, ctx.until)
 
     def _stale_finding(
         self, ctx: DiagnoseContext, source: str, replica: str, p: dict[str, Any]

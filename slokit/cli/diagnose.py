@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
-from slokit.cli._common import db_option, handle_errors, print_json, running_sidecar
+from slokit.cli._common import handle_errors, print_json
+from slokit.cli._sources import SourceOptions, held_by_sidecar, open_reader, source_options
+from slokit.errors import BadInput
 
 
 @click.command("diagnose")
@@ -23,9 +27,7 @@ from slokit.cli._common import db_option, handle_errors, print_json, running_sid
     help="How much history before --since is the baseline (e.g. 30m).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the diagnosis document as JSON.")
-@db_option
-@click.option("--sidecar", metavar="URL", help="Ask a running sidecar's API instead of the file.")
-@click.option("--token", envvar="SLOKIT_TOKEN", help="Bearer token for --sidecar.")
+@source_options("lake", "prometheus", "sidecar")
 @click.option(
     "--save",
     is_flag=True,
@@ -37,45 +39,35 @@ def command(
     until: str | None,
     baseline: str,
     as_json: bool,
-    db: str,
-    sidecar: str | None,
-    token: str | None,
     save: bool,
+    **source: Any,
 ) -> None:
-    """Diagnose the fleet over a window (default: all the data the store holds).
+    """Diagnose the fleet over a window (default: all the data the source holds).
 
     Exit 0 when answered, 3 when there is no data in the window.
     """
+    import slokit
     from slokit.analysis.diagnose import render_text
 
-    if sidecar:
+    opts = SourceOptions.pop(source)
+    if save and opts.chosen() != "db":
+        raise BadInput("--save writes the database; a sidecar stores its own findings")
+    sidecar = None if save else held_by_sidecar(opts)
+    if sidecar is not None:
         from slokit.client import SidecarClient
 
-        if save:
-            from slokit.errors import BadInput
-
-            raise BadInput("--save writes the database; the sidecar stores its own findings")
-        doc = SidecarClient(sidecar, token=token).diagnose(since, until)
-    else:
-        import slokit
+        doc = SidecarClient(sidecar, token=opts.token).diagnose(since, until)
+    elif save:
         from slokit.analysis.diagnose import store_findings
-        from slokit.errors import StoreBusy
-        from slokit.store.db import open_store
+        from slokit.cli._common import default_db
 
-        try:
-            store = open_store(db, read_only=not save)
-        except StoreBusy:
-            if save:
-                raise
-            from slokit.client import SidecarClient
-
-            doc = SidecarClient(running_sidecar(db), token=token).diagnose(since, until)
-        else:
-            with store:
-                result = slokit.diagnose(store, since, until, baseline=baseline)
-                if save:
-                    store_findings(store, result.findings, window=(result.since, result.until))
-                doc = result.to_json()
+        with slokit.open_store(opts.db or default_db(), read_only=False) as store:
+            result = slokit.diagnose(store, since, until, baseline=baseline)
+            store_findings(store, result.findings, window=(result.since, result.until))
+        doc = result.to_dict()
+    else:
+        with open_reader(opts) as reader:
+            doc = slokit.diagnose(reader, since, until, baseline=baseline).to_dict()
     if as_json:
         print_json(doc)
     else:

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
-from slokit.cli._common import db_option, handle_errors, print_json, running_sidecar
+from slokit.cli._common import handle_errors, print_json
+from slokit.cli._sources import SourceOptions, held_by_sidecar, open_reader, source_options
 
 
 @click.command("explain")
 @click.argument("request_id")
 @click.option("--json", "as_json", is_flag=True, help="Print the explain document as JSON.")
-@db_option
-@click.option("--sidecar", metavar="URL", help="Ask a running sidecar's API instead of the file.")
+@source_options("lake", "sidecar")
 @click.option(
     "--slo",
     "slo_file",
@@ -19,39 +21,26 @@ from slokit.cli._common import db_option, handle_errors, print_json, running_sid
     envvar="SLOKIT_SLO",
     help="SLO spec: judge the request against its class.",
 )
-@click.option("--token", envvar="SLOKIT_TOKEN", help="Bearer token for --sidecar.")
 @handle_errors
-def command(
-    request_id: str,
-    as_json: bool,
-    db: str,
-    sidecar: str | None,
-    slo_file: str | None,
-    token: str | None,
-) -> None:
+def command(request_id: str, as_json: bool, slo_file: str | None, **source: Any) -> None:
     """Explain REQUEST_ID (either form: r24 or cmpl-r24-0).
 
     Exit 0 when answered, 3 when the request is not found.
     """
-    from slokit.analysis.explain import explain_request, render_text
+    from slokit.analysis.explain import render_text
 
-    if sidecar:
+    opts = SourceOptions.pop(source)
+    sidecar = held_by_sidecar(opts)
+    if sidecar is not None:
         from slokit.client import SidecarClient
 
-        doc = SidecarClient(sidecar, token=token).explain(request_id)
+        doc = SidecarClient(sidecar, token=opts.token).explain(request_id)
     else:
-        from slokit.analysis.slo_spec import load_spec
-        from slokit.errors import StoreBusy
-        from slokit.store.db import open_store
+        import slokit
 
-        spec = load_spec(slo_file) if slo_file else None
-        try:
-            with open_store(db, read_only=True) as store:
-                doc = explain_request(store.reader(), request_id, spec=spec)
-        except StoreBusy:
-            from slokit.client import SidecarClient
-
-            doc = SidecarClient(running_sidecar(db), token=token).explain(request_id)
+        spec = slokit.load_spec(slo_file) if slo_file else None
+        with open_reader(opts) as reader:
+            doc = slokit.explain(reader, request_id, slo=spec).to_dict()
     if as_json:
         print_json(doc)
     else:

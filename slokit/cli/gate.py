@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
-from slokit.cli._common import default_db, handle_errors, print_json
+from slokit.cli._common import handle_errors, print_json
+from slokit.cli._sources import SourceOptions, open_reader, source_options
 from slokit.errors import BadInput
 
 
@@ -28,11 +30,7 @@ def _write(path: str, text: str) -> None:
     envvar="SLOKIT_SLO",
     help="SLO spec (YAML) with an optional gate section.",
 )
-@click.option(
-    "--db",
-    help="Gate on the records in this DuckDB file (the default input: $SLOKIT_DB or "
-    "./slokit.duckdb).",
-)
+@source_options("lake", "sidecar")
 @click.option(
     "--records",
     "records_file",
@@ -61,13 +59,13 @@ def _write(path: str, text: str) -> None:
 @handle_errors
 def command(
     slo_file: str,
-    db: str | None,
     records_file: str | None,
     bench_file: str | None,
     baseline: str | None,
     junit: str | None,
     markdown: str | None,
     as_json: bool,
+    **source: Any,
 ) -> None:
     """Check attainment, burn rate and percentile bounds per SLO class against the spec's
     gate section; input from the store (default), a load JSONL, or a vLLM bench JSON.
@@ -77,16 +75,18 @@ def command(
     import slokit
     from slokit.analysis import gate
 
-    given = [x for x in (db, records_file, bench_file) if x is not None]
-    if len(given) > 1:
-        raise BadInput("give one input: --db, --records or --vllm-bench")
-    result = slokit.gate(
-        slo_file,
-        source=None if records_file or bench_file else (db or default_db()),
-        records=records_file,
-        vllm_bench=bench_file,
-        baseline=baseline,
-    )
+    opts = SourceOptions.pop(source)
+    files = [f for f, x in (("--records", records_file), ("--vllm-bench", bench_file)) if x]
+    stores = [f"--{b}" for b in ("db", "lake", "sidecar") if getattr(opts, b)]
+    if len(files) + len(stores) > 1:
+        raise BadInput(f"give one input: {' or '.join(files + stores)}")
+    if files:
+        result = slokit.gate(
+            slo_file, records=records_file, vllm_bench=bench_file, baseline=baseline
+        )
+    else:
+        with open_reader(opts) as reader:
+            result = slokit.gate(slo_file, source=reader, baseline=baseline)
     if junit:
         _write(junit, gate.junit_xml(result))
     md = gate.markdown_summary(result)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
-from slokit.cli._common import db_option, handle_errors
+from slokit.cli._common import handle_errors
+from slokit.cli._sources import SourceOptions, open_reader, source_options
 from slokit.errors import BadInput
 
 
@@ -20,16 +22,18 @@ from slokit.errors import BadInput
     envvar="SLOKIT_SLO",
     help="SLO spec (YAML): classes, objectives, cost.",
 )
-@db_option
+@source_options("lake", "sidecar")
 @click.option("--since", metavar="T", help="Window start; default: the oldest data.")
 @click.option("--until", metavar="T", help="Window end; default: the newest data.")
 @handle_errors
-def command(out: str, slo_file: str, db: str, since: str | None, until: str | None) -> None:
+def command(out: str, slo_file: str, since: str | None, until: str | None, **source: Any) -> None:
     """Write an HTML report (plots, SLO attainment, cost, findings); no network needed to
     view it."""
     import slokit
 
-    result = slokit.html_report(db, slokit.load_spec(slo_file), since, until)
+    spec = slokit.load_spec(slo_file)
+    with open_reader(SourceOptions.pop(source)) as reader:
+        result = slokit.html_report(reader, spec, since, until)
     page = result.html
     try:
         Path(out).write_text(page, encoding="utf-8")

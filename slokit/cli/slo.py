@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
-from slokit.cli._common import db_option, handle_errors, print_json
+from slokit.cli._common import handle_errors, print_json
+from slokit.cli._sources import SourceOptions, open_reader, source_options
 
 
 @click.group("slo")
@@ -22,7 +25,7 @@ def command() -> None:
     help="SLO spec (YAML, slokit: v1).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@db_option
+@source_options("lake", "prometheus", "sidecar")
 @click.option(
     "--since",
     metavar="T",
@@ -40,10 +43,10 @@ def command() -> None:
 def report(
     slo_file: str,
     as_json: bool,
-    db: str,
     since: str | None,
     until: str | None,
     sweep_by: str | None,
+    **source: Any,
 ) -> None:
     """Per class and overall: attainment, burn rate, observed goodput, latency percentiles
     with 95% confidence intervals, and cost (when the spec prices GPUs)."""
@@ -54,7 +57,8 @@ def report(
     if sweep_by is not None:
         sweep = "run" if sweep_by == "run" else parse_duration(sweep_by)
     spec = slokit.load_spec(slo_file)
-    result = slokit.slo_report(db, spec, since, until, sweep=sweep)
+    with open_reader(SourceOptions.pop(source)) as reader:
+        result = slokit.slo_report(reader, spec, since, until, sweep=sweep)
     if as_json:
         print_json(result.to_dict())
     else:

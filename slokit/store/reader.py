@@ -12,7 +12,7 @@ Times in and out are epoch seconds (float). Frames are pandas DataFrames keyed b
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from slokit.store import frames, gaps, queries
 
@@ -25,7 +25,14 @@ __all__ = ["LocalReader", "Reader"]
 
 @runtime_checkable
 class Reader(Protocol):
-    """What analysis asks of the data. Every method is read-only."""
+    """What analysis asks of the data. Every method is read-only.
+
+    ``basis`` says where request-level facts come from: ``"records"`` (one merged record per
+    request) or ``"histograms"`` (a backend with only aggregate series, such as Prometheus:
+    the request frames are built from vLLM's histograms and counters, and diagnose's
+    coverage says so)."""
+
+    basis: Literal["records", "histograms"]
 
     # -- extent --------------------------------------------------------------------------
     def bounds(self) -> tuple[float | None, float | None]:
@@ -139,6 +146,8 @@ class Reader(Protocol):
 
 class LocalReader:
     """:class:`Reader` over a slokit DuckDB connection (or cursor)."""
+
+    basis: Literal["records", "histograms"] = "records"
 
     def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
         self.con = con

@@ -73,8 +73,10 @@ def significant(base: dict[str, Any], ep: dict[str, Any], min_z: float) -> bool:
     mb, me = num(base.get("ttft_mean")), num(ep.get("ttft_mean"))
     if mb is None or me is None:
         return False
-    se2 = sum((num(s.get("ttft_sd")) or 0.0) ** 2 / max(1, s.get("n") or 1) for s in (base, ep))
-    return (me - mb) > min_z * se2**0.5
+    se2: float = sum(
+        (num(s.get("ttft_sd")) or 0.0) ** 2 / max(1, int(s.get("n") or 1)) for s in (base, ep)
+    )
+    return bool((me - mb) > min_z * se2**0.5)
 
 
 def _note(ctx: DiagnoseContext, replica: str, why: str) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 FragmentSource = Literal["vllm", "gateway", "client", "quality"]
+Severity = Literal["info", "warning", "critical"]
 #: ``incomplete``: still in flight when a load test ended (cut at its phase end, GuideLLM's
 #: ``incomplete``, AIPerf's ``was_cancelled``); neither a success nor a failure of the server.
 RequestStatus = Literal["ok", "error", "cancelled", "timeout", "rejected", "incomplete"]
@@ -32,7 +33,7 @@ class RequestFragment:
     """
 
     request_id: str
-    source: str
+    source: FragmentSource
     fragment_id: str
     trace_id: str | None = None
     replica: str | None = None
@@ -60,7 +61,7 @@ class RequestFragment:
     max_tokens: int | None = None
     preemptions: int | None = None
     finish_reason: str | None = None
-    status: str | None = None
+    status: RequestStatus | None = None
     http_status: int | None = None
     error_type: str | None = None
     quality_pass: bool | None = None
@@ -154,7 +155,7 @@ class Finding:
     """One diagnostic conclusion: a rule fired for a replica (or the fleet) over a window."""
 
     rule: str
-    severity: str  # "info" | "warning" | "critical"
+    severity: Severity
     confidence: float
     replica: str | None
     start_ts: float

@@ -34,7 +34,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from slokit.errors import BadInput
 from slokit.ids import InvalidRequestId, checked_request_id
-from slokit.records import RequestFragment
+from slokit.records import FragmentSource, RequestFragment, RequestStatus
 from slokit.sources.validate import (
     FUTURE_SLACK_S,
     HTTP_STATUS_RANGE,
@@ -443,7 +443,7 @@ def _http_span(
     for key, fname in _HTTP_ATTRS.items():
         if key in attrs and values.get(fname) is None:
             values[fname] = _coerce(key, fname, attrs[key])
-    source = "client" if span.kind == _SPAN_KIND_CLIENT else "gateway"
+    source: FragmentSource = "client" if span.kind == _SPAN_KIND_CLIENT else "gateway"
     start_s = _start_s(span, now)
     dur = (
         (span.end_time_unix_nano - span.start_time_unix_nano) / 1e9
@@ -453,6 +453,7 @@ def _http_span(
     if dur is not None and (why := duration_problem(dur)):
         raise _Rejected("span end before its start" if dur < 0 else f"span duration {why}")
     http_status = values.get("http_status")
+    status: RequestStatus | None
     if span.status.code == _STATUS_ERROR or (http_status is not None and http_status >= 400):
         status = "error"
         if http_status == 429:

@@ -44,7 +44,8 @@ import aiohttp
 import yaml
 
 from slokit.lab.load import LoadConfig, Runner, make_schedule, request_url, run_load
-from slokit.lab.sim.engine import Clock, SimRequest, WallClock
+from slokit.lab.sim.clock import Clock, WallClock
+from slokit.lab.sim.engine import SimRequest
 from slokit.lab.sim.faults import scenario_faults
 from slokit.lab.sim.server import ApiError, Replica, SimCluster, SimSettings
 from slokit.lab.sim.vtime import LoopClock, VirtualTimeLoop, run_virtual

@@ -63,7 +63,7 @@ def test_the_api_doc_examples_print_a_diagnosis_an_explanation_and_an_slo_report
     monkeypatch.chdir(filled_store)
     namespace: dict[str, object] = {}
     for block in blocks:
-        exec(compile(block, str(API_DOC), "exec"), namespace)  # noqa: S102 - the doc's own code
+        exec(compile(block, str(API_DOC), "exec"), namespace)  # the doc's own examples
     out = capsys.readouterr().out
     assert re.search(r"^(critical|warning)\s+queue_saturation\s+TTFT p95", out, re.M), out
     assert "rules that ran:" in out

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
+from slokit.lab.sim.clock import VirtualClock
 from slokit.lab.sim.engine import (
     EngineConfig,
     EngineCore,
     EngineLoop,
     SimRequest,
     StepStats,
-    VirtualClock,
     make_request,
     simulate,
 )

@@ -9,7 +9,7 @@ import pandas as pd
 
 from slokit.analysis.rules import runbook_path
 from slokit.analysis.rules._context import DiagnoseContext
-from slokit.records import Finding
+from slokit.records import Finding, Severity
 from slokit.timeutil import iso
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
@@ -120,7 +120,7 @@ def window_json(start: float, end: float) -> dict[str, Any]:
 def make_finding(
     rule: str,
     *,
-    severity: str,
+    severity: Severity,
     confidence: float,
     replica: str | None,
     start: float,

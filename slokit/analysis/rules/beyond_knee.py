@@ -19,7 +19,7 @@ import pandas as pd
 from slokit.analysis.rules import register
 from slokit.analysis.rules._context import DiagnoseContext
 from slokit.analysis.rules._util import fmt_s, fmt_x, make_finding, num, ratio, rnd, series
-from slokit.records import Finding
+from slokit.records import Finding, Severity
 
 MIN_BUCKETS = 6
 
@@ -119,7 +119,7 @@ class BeyondKnee:
                 summary += f"; waiting {w1:.0f} -> {w3:.0f}"
                 confirm = 0.15 if w3 > max(2 * w1, 1.0) else 0.0
         confidence = 0.5 + confirm + 0.15 * min(1.0, (arrival_growth - 1) / 0.5) + 0.1
-        severity = "critical" if p99_ratio >= o.critical_factor else "warning"
+        severity: Severity = "critical" if p99_ratio >= o.critical_factor else "warning"
         return [
             make_finding(
                 self.id,

@@ -29,7 +29,7 @@ from slokit.analysis.rules._util import (
     rnd,
     series,
 )
-from slokit.records import Finding
+from slokit.records import Finding, Severity
 
 MIN_CORR_BUCKETS = 4
 MIN_CORR = 0.5
@@ -118,7 +118,7 @@ class DecodeSaturation:
             )
             if corr is not None:
                 summary += f"; TPOT follows batch size (rank corr {corr:.2f})"
-            severity = "critical" if tpot_ratio >= o.critical_factor else "warning"
+            severity: Severity = "critical" if tpot_ratio >= o.critical_factor else "warning"
             confidence = (
                 0.45
                 + 0.2 * min(1.0, (corr or 0.5))

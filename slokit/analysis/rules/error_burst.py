@@ -21,7 +21,7 @@ from slokit.analysis.rules._util import (
     rnd,
     series,
 )
-from slokit.records import Finding
+from slokit.records import Finding, Severity
 
 
 @register
@@ -75,7 +75,7 @@ class ErrorBurst:
                 status = ep["top_http_status"]
                 http = f" (HTTP {status})" if status else ""
                 summary += f"; most often {ep['top_error'] or 'error'}{http}"
-            severity = "critical" if rate >= 0.1 else "warning"
+            severity: Severity = "critical" if rate >= 0.1 else "warning"
             confidence = 0.6 + 0.2 * min(1.0, ep["n_err"] / 50) + 0.15 * min(1.0, len(flagged) / 3)
             out.append(
                 make_finding(

@@ -23,7 +23,7 @@ from slokit.analysis.rules._util import (
     rnd,
     series,
 )
-from slokit.records import Finding
+from slokit.records import Finding, Severity
 
 
 @register
@@ -91,7 +91,7 @@ class GpuThrottle:
                     summary += f"; TPOT p50 {fmt_x(tpot_ratio)} baseline"
                     if tpot_ratio >= 1.1:
                         confirm += 1
-            severity = "critical" if clock_ratio <= 0.6 else "warning"
+            severity: Severity = "critical" if clock_ratio <= 0.6 else "warning"
             confidence = (
                 0.55
                 + 0.1 * min(1.0, len(flagged) / 3)

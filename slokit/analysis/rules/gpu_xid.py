@@ -19,7 +19,7 @@ from slokit.analysis.rules._util import (
     rnd,
     rows_of,
 )
-from slokit.records import Finding
+from slokit.records import Finding, Severity
 
 #: XID codes and what they mean (NVIDIA's XID catalogue); critical ones need a drain/reset.
 XID_MEANING: dict[int, tuple[str, str]] = {
@@ -62,7 +62,7 @@ class GpuXid:
             meanings = {
                 c: XID_MEANING.get(c, ("see NVIDIA's XID catalogue", "critical")) for c in codes
             }
-            severity = (
+            severity: Severity = (
                 "critical" if any(m[1] == "critical" for m in meanings.values()) else "warning"
             )
             desc = ", ".join(f"XID {c} ({meanings[c][0]})" for c in codes)

@@ -23,7 +23,7 @@ from slokit.analysis.rules._util import (
     series,
     whole,
 )
-from slokit.records import Finding
+from slokit.records import Finding, Severity
 from slokit.sources.validate import MAX_COUNT
 
 
@@ -93,7 +93,7 @@ class KvPressure:
             evidence["baseline_preemptions"] = baseline_pre
             # Critical when the thrash is real: many preemptions, a tenth of requests hit.
             heavy = (per_request or 0) >= 0.1 and preemptions >= o.error_min_count
-            severity = "critical" if heavy else "warning"
+            severity: Severity = "critical" if heavy else "warning"
             confidence = 0.6 + 0.15 * min(1.0, len(flagged) / 3) + (0.15 if kv_peak >= 0.99 else 0)
             out.append(
                 make_finding(

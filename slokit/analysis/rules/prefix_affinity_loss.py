@@ -17,7 +17,7 @@ import pandas as pd
 from slokit.analysis.rules import NotApplicable, register
 from slokit.analysis.rules._context import DiagnoseContext
 from slokit.analysis.rules._util import fmt_pct, make_finding, num, ratio, rnd, series, whole
-from slokit.records import Finding
+from slokit.records import Finding, Severity
 
 
 def _active(frame: pd.DataFrame) -> pd.Series:
@@ -91,7 +91,9 @@ class PrefixAffinityLoss:
                 "evicted, or fewer shared prefixes"
             )
         summary += f"; ~{lost_tokens:,.0f} more prompt tokens prefilled"
-        severity = "critical" if after_ratio <= 0.5 * base_ratio and scale_out else "warning"
+        severity: Severity = (
+            "critical" if after_ratio <= 0.5 * base_ratio and scale_out else "warning"
+        )
         confidence = (0.85 if scale_out else 0.45) + 0.1 * min(1.0, drop / 0.5)
         last = ctx.bucket_end(int(fleet["bucket"].max()))
         return [

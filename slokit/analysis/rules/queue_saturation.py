@@ -11,7 +11,7 @@ from slokit.analysis.rules import register
 from slokit.analysis.rules._context import DiagnoseContext
 from slokit.analysis.rules._latency import TtftIncrease, ttft_increases
 from slokit.analysis.rules._util import fmt_pct, fmt_s, fmt_x, make_finding, num, on, rnd
-from slokit.records import Finding
+from slokit.records import Finding, Severity
 
 
 def latency_evidence(inc: TtftIncrease) -> dict[str, object]:
@@ -50,11 +50,11 @@ def ttft_headline(inc: TtftIncrease) -> str:
     )
 
 
-def severity_of(ctx: DiagnoseContext, inc: TtftIncrease, confirmed: bool | None = None) -> str:
+def severity_of(ctx: DiagnoseContext, inc: TtftIncrease, confirmed: bool | None = None) -> Severity:
     """By the size of the TTFT increase; one level lower when a confirming signal that
     could have been seen (``confirmed=False``) was not."""
     o = ctx.options
-    levels = ["info", "warning", "critical"]
+    levels: list[Severity] = ["info", "warning", "critical"]
     level = (
         2 if inc.ttft_ratio >= o.critical_factor else 1 if inc.ttft_ratio >= o.warning_factor else 0
     )

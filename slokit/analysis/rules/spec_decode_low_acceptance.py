@@ -22,7 +22,7 @@ from slokit.analysis.rules._util import (
     rows_of,
     series,
 )
-from slokit.records import Finding
+from slokit.records import Finding, Severity
 
 
 @register
@@ -75,7 +75,7 @@ class SpecDecodeLowAcceptance:
             )
             if uneconomic:
                 summary += "; drafting likely costs more than it saves"
-            severity = "warning" if uneconomic else "info"
+            severity: Severity = "warning" if uneconomic else "info"
             confidence = 0.55 + (0.2 if dropped else 0.0) + (0.2 if uneconomic else 0.0)
             out.append(
                 make_finding(

@@ -25,7 +25,7 @@ first token - scheduled, decode = last token - first token, TTFT = first token -
 
 The core is synchronous and takes times as arguments, so tests drive it on fake time
 (:func:`simulate`); :class:`EngineLoop` runs it on an asyncio loop against a
-:class:`Clock` (``WallClock(speed)`` in the server).
+:class:`~slokit.lab.sim.clock.Clock` (``WallClock(speed)`` in the server).
 
 Tokenizer (documented, deterministic): one token per whitespace-separated word of the
 prompt, token id = CRC-32 of the word. Output tokens are words from a fixed list chosen
@@ -37,13 +37,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import time
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from slokit.lab.sim.clock import Clock
 from slokit.lab.sim.kv import KVCacheManager, chain_hashes
 from slokit.lab.sim.roofline import Roofline
 
@@ -78,47 +78,6 @@ def output_index(seed: int, index: int) -> int:
 
 def output_word(seed: int, index: int) -> str:
     return VOCAB_WORDS[output_index(seed, index)]
-
-
-class Clock(Protocol):
-    def now(self) -> float:
-        """Simulated time, Unix seconds."""
-        ...
-
-    async def sleep(self, seconds: float) -> None:
-        """Let ``seconds`` of simulated time pass."""
-        ...
-
-
-class WallClock:
-    """Simulated time that runs ``speed`` times as fast as wall time, from now."""
-
-    def __init__(self, speed: float = 1.0):
-        if speed <= 0:
-            raise ValueError("speed must be positive")
-        self.speed = speed
-        self._epoch = time.time()
-        self._mono = time.monotonic()
-
-    def now(self) -> float:
-        return self._epoch + (time.monotonic() - self._mono) * self.speed
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(max(0.0, seconds) / self.speed)
-
-
-class VirtualClock:
-    """Fake time for tests: ``sleep`` advances the clock and yields once, never waits."""
-
-    def __init__(self, start: float = 1_800_000_000.0):
-        self.t = start
-
-    def now(self) -> float:
-        return self.t
-
-    async def sleep(self, seconds: float) -> None:
-        self.t += max(0.0, seconds)
-        await asyncio.sleep(0)
 
 
 @dataclass

@@ -18,15 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from slokit.lab.sim.clock import Clock, WallClock
 from slokit.lab.sim.dcgm import GpuModel
-from slokit.lab.sim.engine import (
-    Clock,
-    EngineCore,
-    EngineLoop,
-    SimRequest,
-    StepStats,
-    WallClock,
-)
+from slokit.lab.sim.engine import EngineCore, EngineLoop, SimRequest, StepStats
 from slokit.lab.sim.faults import Faults, apply_update
 from slokit.lab.sim.metrics import VllmMetrics
 from slokit.lab.sim.openai_wire import ApiError, RequestMeta, engine_dead, parse_request

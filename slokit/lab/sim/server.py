@@ -41,7 +41,7 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from slokit.lab.sim.engine import Clock
+from slokit.lab.sim.clock import Clock
 from slokit.lab.sim.openai_wire import ApiError
 from slokit.lab.sim.replica import Replica
 from slokit.lab.sim.settings import SimSettings

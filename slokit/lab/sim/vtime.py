@@ -9,7 +9,7 @@ one its sleeps describe: the engine's steps last what the roofline says, arrival
 when the load schedule says, scrapes every ``scrape_interval_s``.
 
 Everything on the loop runs on this clock: ``asyncio.sleep``, timeouts, aiohttp's
-timers, and :class:`LoopClock` (the simulator's :class:`~slokit.lab.sim.engine.Clock`,
+timers, and :class:`LoopClock` (the simulator's :class:`~slokit.lab.sim.clock.Clock`,
 Unix seconds from a fixed epoch). Real sockets on 127.0.0.1 still work: loopback
 delivers a write to the peer's socket before ``send`` returns, so the data is readable
 in the same loop iteration and no virtual time passes in transit. Work handed to

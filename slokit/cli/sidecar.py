@@ -64,7 +64,11 @@ from slokit.cli._common import handle_errors
 @click.option("--forward-content/--no-forward-content", default=None,
               help="Forward prompt/completion content too (stripped by default; never "
               "stored).")  # fmt: skip
-@click.option("--parquet-dir", metavar="DIR", help="Export closed hours as hive Parquet here.")
+@click.option(
+    "--parquet-dir",
+    metavar="DIR",
+    help="Export closed minutes as hive Parquet here (the lake: docs/lake.md).",
+)
 @click.option(
     "--log-level",
     default="INFO",

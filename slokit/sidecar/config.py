@@ -59,7 +59,7 @@ class SidecarConfig:
     token: str | None = None
     forward_otlp: str | None = None
     forward_content: bool = False  # forward prompt/completion content (never stored)
-    parquet_dir: str | None = None
+    parquet_dir: str | None = None  # the lake: closed minutes as hive Parquet (docs/lake.md)
     max_body_bytes: int = 64 * 1024 * 1024
     queue_capacity: int = 100_000
     batch_max: int = 5000

@@ -1,78 +1,326 @@
-"""Hourly Parquet export of closed hours, hive layout ``<table>/date=/hour=/replica=/``.
+"""The sidecar's Parquet export of closed minutes: the lake every pod writes and
+``slokit ... --lake DIR`` reads (:mod:`slokit.store.lake`).
 
-An hour is closed ``grace_s`` after it ends (late fragments have arrived). Each closed hour
-is written once per table; a marker file ``_exported/<table>/<date>T<hour>`` records it.
-File names are deterministic per partition, so an export interrupted before its marker is
-simply redone (overwriting, never duplicating). The target is a directory, or any URL
-DuckDB's COPY can write (``s3://...`` with the httpfs extension configured).
-DuckDB then queries the fleet's files as one table::
+Layout (plain hive, one file per table, minute, replica and writing sidecar)::
 
-    SELECT * FROM read_parquet('DIR/requests/**/*.parquet', hive_partitioning = true)
+    <out>/<table>/date=YYYY-MM-DD/hour=HH/minute=MM/replica=R/part_<writer>.parquet
+
+Times are UTC. ``R`` is the replica percent-encoded (``/``, ``=``, spaces...), and a NULL
+replica (a client-only record, a fleet-wide finding) is ``__HIVE_DEFAULT_PARTITION__``: both
+are what DuckDB writes and reads back, so NULL and every string survive the round trip.
+The replica is a partition only, not a column of the files (as hive engines expect).
+
+A minute is closed ``grace_s`` after it ends: late fragments and scrapes have arrived. Each
+tick writes the closed minutes not yet written, at most ``max_minutes`` per table, oldest
+first (a sidecar that was down catches up over a few ticks). Rows of the minute being
+written are the rows whose time column (:data:`TABLES`) falls in it; rows without a time are
+not exported.
+
+Requests and findings can still change once written: a long request's record completes
+when it finishes, a finding is replaced by the next diagnosis. For ``revisit_s`` after a
+minute was written, each tick compares the minute's fingerprint (rows, and the sum of their
+``updated_at``/``created_at``) with the one written; a minute that changed is written again,
+whole, and a replica that no longer has rows there loses its file.
+
+Idempotent: the state file ``<out>/_exported/<writer>.json`` (the markers: the first minute
+not yet written per table, and the fingerprints of recent minutes) is saved after each
+minute. File names are deterministic, so an export interrupted before its marker is redone,
+overwriting, never duplicating; a local file is written beside its place and renamed into
+it, so readers never see half a file. The target may be any URL DuckDB's COPY writes
+(``s3://...`` with httpfs configured); its state then lives at ``state_path`` (or in memory:
+after a restart the minutes still in the store are written again, harmlessly).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import math
+import os
+import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
 import duckdb
 
 log = logging.getLogger("slokit.store.lake_export")
 
-#: table -> its time column.
-TABLES: dict[str, str] = {"requests": "arrival_ts", "engine_samples": "ts", "gpu_samples": "ts"}
+__all__ = [
+    "NULL_PARTITION",
+    "TABLES",
+    "LakeTable",
+    "ParquetExporter",
+    "minute_dir",
+    "partition_value",
+]
+
+
+@dataclass(frozen=True)
+class LakeTable:
+    """A store table the lake holds: the column its minutes are cut by, and the column that
+    changes when a written row changes (None: rows never change once the minute closed)."""
+
+    name: str
+    time_column: str
+    stamp_column: str | None = None
+
+
+#: The tables in the lake, in export order.
+TABLES: tuple[LakeTable, ...] = (
+    LakeTable("requests", "arrival_ts", "updated_at"),
+    LakeTable("engine_samples", "ts"),
+    LakeTable("gpu_samples", "ts"),
+    LakeTable("scrapes", "ts"),
+    LakeTable("findings", "end_ts", "created_at"),
+)
+
+#: The partition value of a NULL replica (hive's and DuckDB's convention).
+NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
+
+
+def partition_value(replica: str | None) -> str:
+    """``replica=`` directory value: percent-encoded, NULL as :data:`NULL_PARTITION`."""
+    return NULL_PARTITION if replica is None else quote(replica, safe="")
+
+
+def minute_dir(minute: int) -> str:
+    """``date=YYYY-MM-DD/hour=HH/minute=MM`` of the minute ``minute`` (epoch minutes, UTC)."""
+    return time.strftime("date=%Y-%m-%d/hour=%H/minute=%M", time.gmtime(minute * 60))
+
+
+def _sql_str(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+@dataclass
+class _Written:
+    """What a minute of a changeable table held when it was written."""
+
+    fingerprint: list[str]
+    replicas: list[str | None]
+
+
+@dataclass
+class _TableState:
+    through: int | None = None  # every minute before this one is written (epoch minutes)
+    recent: dict[int, _Written] = field(default_factory=dict)
 
 
 class ParquetExporter:
-    def __init__(self, out: str, *, grace_s: float = 600.0,
-                 clock: Callable[[], float] = time.time) -> None:  # fmt: skip
+    """Writes the store's closed minutes to ``out`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        out: str,
+        *,
+        grace_s: float = 50.0,
+        writer: str | None = None,
+        max_minutes: int = 60,
+        revisit_s: float = 1800.0,
+        state_path: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.out = out.rstrip("/")
         self.grace_s = grace_s
+        self.writer = writer or os.environ.get("POD_NAME") or socket.gethostname()
+        self.max_minutes = max_minutes
+        self.revisit_minutes = math.ceil(revisit_s / 60)
         self.clock = clock
-        self._markers = Path(self.out) / "_exported" if "://" not in self.out else None
+        self.local = "://" not in self.out
+        self._file = f"part_{quote(self.writer, safe='')}.parquet"
+        if state_path is None and self.local:
+            state_path = str(Path(self.out) / "_exported" / f"{quote(self.writer, safe='')}.json")
+        self._state_path = Path(state_path) if state_path else None
+        self._state: dict[str, _TableState] | None = None
 
-    def _done(self, table: str, key: str) -> bool:
-        return self._markers is not None and (self._markers / table / key).exists()
+    # -- markers -----------------------------------------------------------------------------
+    def _load(self) -> dict[str, _TableState]:
+        state = {t.name: _TableState() for t in TABLES}
+        if self._state_path is None or not self._state_path.exists():
+            return state
+        try:
+            doc = json.loads(self._state_path.read_text(encoding="utf-8"))
+            for name, st in doc["tables"].items():
+                if name in state:
+                    state[name] = _TableState(
+                        through=st["through"],
+                        recent={
+                            int(m): _Written(w["fingerprint"], w["replicas"])
+                            for m, w in st["recent"].items()
+                        },
+                    )
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("parquet export: unreadable %s (%s): writing again", self._state_path, exc)
+            return {t.name: _TableState() for t in TABLES}
+        return state
 
-    def _mark(self, table: str, key: str) -> None:
-        if self._markers is not None:
-            (self._markers / table).mkdir(parents=True, exist_ok=True)
-            (self._markers / table / key).touch()
+    def _save(self, state: dict[str, _TableState]) -> None:
+        if self._state_path is None:
+            return
+        doc: dict[str, Any] = {
+            "version": 1,
+            "tables": {
+                name: {
+                    "through": st.through,
+                    "recent": {
+                        str(m): {"fingerprint": w.fingerprint, "replicas": w.replicas}
+                        for m, w in sorted(st.recent.items())
+                    },
+                }
+                for name, st in state.items()
+            },
+        }
+        self._state_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self._state_path.with_name(self._state_path.name + ".tmp")
+        tmp.write_text(json.dumps(doc), encoding="utf-8")
+        os.replace(tmp, self._state_path)
 
-    def export_closed_hours(self, con: duckdb.DuckDBPyConnection) -> list[str]:
-        """Write every closed, not yet exported hour; returns ``table/<date>T<hour>`` keys."""
-        cut = self.clock() - self.grace_s
+    # -- the tick ------------------------------------------------------------------------------
+    def export_closed_minutes(self, con: duckdb.DuckDBPyConnection) -> list[str]:
+        """Write the closed minutes not yet written and the recent ones that changed; returns
+        ``<table>/<YYYY-MM-DDTHH:MM>`` of each minute written."""
+        if self._state is None:
+            self._state = self._load()
+        state = self._state
+        closed = math.floor((self.clock() - self.grace_s) / 60)  # minutes before it are closed
         written: list[str] = []
-        for table, col in TABLES.items():
-            hours = con.execute(
-                f"SELECT DISTINCT epoch(date_trunc('hour', {col})) FROM {table} "
-                f"WHERE {col} IS NOT NULL AND {col} + INTERVAL 1 HOUR <= to_timestamp(?) "
-                "ORDER BY 1",
-                [cut],
-            ).fetchall()
-            for (start,) in hours:
-                key = time.strftime("%Y-%m-%dT%H", time.gmtime(start))
-                if self._done(table, key):
-                    continue
-                if self._markers is not None:
-                    Path(self.out).mkdir(parents=True, exist_ok=True)
-                dest = f"{self.out}/{table}".replace("'", "''")
-                con.execute(
-                    f"""
-                    COPY (
-                        SELECT * EXCLUDE (replica), strftime({col}, '%Y-%m-%d') AS date,
-                               hour({col}) AS hour, coalesce(replica, 'unknown') AS replica
-                        FROM {table}
-                        WHERE {col} >= to_timestamp(?) AND {col} < to_timestamp(?) + INTERVAL 1 HOUR
-                    ) TO '{dest}' (FORMAT parquet, PARTITION_BY (date, hour, replica),
-                                   FILENAME_PATTERN 'part_{{i}}', OVERWRITE_OR_IGNORE true)
-                    """,
-                    [start, start],
-                )
-                self._mark(table, key)
-                written.append(f"{table}/{key}")
+        for table in TABLES:
+            st = state[table.name]
+            changed = self._changed(con, table, st)
+            room = self.max_minutes - len(changed)
+            new = self._new(con, table, st, closed, room)
+            for minute in (changed + new)[: self.max_minutes]:
+                self._export_minute(con, table, st, minute)
+                if st.through is None or minute >= st.through:
+                    st.through = minute + 1
+                self._save(state)
+                stamp = time.strftime("%Y-%m-%dT%H:%M", time.gmtime(minute * 60))
+                written.append(f"{table.name}/{stamp}")
+            if room > 0 and len(new) < room and (st.through is None or st.through < closed):
+                st.through = closed  # every closed minute with rows is written
+        self._save(state)
         if written:
             log.info("parquet export: %s", ", ".join(written))
         return written
+
+    def _window(self, table: LakeTable) -> str:
+        c = table.time_column
+        return f"{c} >= to_timestamp(? * 60) AND {c} < to_timestamp(? * 60)"
+
+    def _minute(self, table: LakeTable) -> str:
+        return f"CAST(floor(epoch({table.time_column}) / 60) AS BIGINT)"
+
+    def _new(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        table: LakeTable,
+        st: _TableState,
+        closed: int,
+        limit: int,
+    ) -> list[int]:
+        """Closed minutes with rows that were never written, oldest first."""
+        if limit <= 0:
+            return []
+        lo = st.through if st.through is not None else 0
+        rows = con.execute(
+            f"SELECT DISTINCT {self._minute(table)} AS m FROM {table.name} "
+            f"WHERE {self._window(table)} ORDER BY m LIMIT ?",
+            [lo, closed, limit],
+        ).fetchall()
+        return [int(m) for (m,) in rows]
+
+    def _fingerprints(
+        self, con: duckdb.DuckDBPyConnection, table: LakeTable, lo: int, hi: int
+    ) -> dict[int, list[str]]:
+        """Minute -> [rows, sum of the stamp in microseconds] over minutes ``[lo, hi)``."""
+        rows = con.execute(
+            f"SELECT {self._minute(table)} AS m, count(*), "
+            f"CAST(coalesce(sum(epoch_us({table.stamp_column})), 0) AS VARCHAR) "
+            f"FROM {table.name} WHERE {self._window(table)} GROUP BY m",
+            [lo, hi],
+        ).fetchall()
+        return {int(m): [str(n), str(s)] for m, n, s in rows}
+
+    def _changed(
+        self, con: duckdb.DuckDBPyConnection, table: LakeTable, st: _TableState
+    ) -> list[int]:
+        """Written minutes still revisited whose rows changed since (oldest first); forgets
+        the minutes past ``revisit_s``."""
+        if table.stamp_column is None or st.through is None:
+            return []
+        lo = st.through - self.revisit_minutes
+        st.recent = {m: w for m, w in st.recent.items() if m >= lo}
+        now = self._fingerprints(con, table, lo, st.through)
+        changed = {
+            m for m, fp in now.items() if m not in st.recent or st.recent[m].fingerprint != fp
+        }
+        changed |= {m for m in st.recent if m not in now}  # every row gone
+        return sorted(changed)
+
+    # -- one minute ----------------------------------------------------------------------------
+    def _export_minute(
+        self, con: duckdb.DuckDBPyConnection, table: LakeTable, st: _TableState, minute: int
+    ) -> None:
+        window = [minute, minute + 1]
+        # The fingerprint is taken before the copy: a change in between shows next tick.
+        fingerprint = (
+            self._fingerprints(con, table, *window).get(minute, ["0", "0"])
+            if table.stamp_column
+            else None
+        )
+        replicas: list[str | None] = [
+            r for (r,) in con.execute(
+                f"SELECT DISTINCT replica FROM {table.name} WHERE {self._window(table)}", window
+            ).fetchall()
+        ]  # fmt: skip
+        base = f"{self.out}/{table.name}/{minute_dir(minute)}"
+        for replica in replicas:
+            self._write(con, table, base, replica, window)
+        before = st.recent.get(minute)
+        if before is not None:
+            for gone in set(before.replicas) - set(replicas):
+                self._remove(con, table, base, gone)
+        if fingerprint is not None:
+            st.recent[minute] = _Written(fingerprint, replicas)
+
+    def _path(self, base: str, replica: str | None) -> str:
+        return f"{base}/replica={partition_value(replica)}/{self._file}"
+
+    def _write(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        table: LakeTable,
+        base: str,
+        replica: str | None,
+        window: list[int],
+    ) -> None:
+        dest = self._path(base, replica)
+        target = dest
+        if self.local:
+            Path(dest).parent.mkdir(parents=True, exist_ok=True)
+            target = str(Path(dest).with_name("." + Path(dest).name + ".tmp"))
+        con.execute(
+            f"COPY (SELECT * EXCLUDE (replica) FROM {table.name} "
+            f"WHERE {self._window(table)} AND replica IS NOT DISTINCT FROM ? "
+            f"ORDER BY {table.time_column}) "
+            f"TO {_sql_str(target)} (FORMAT parquet, COMPRESSION zstd)",
+            [*window, replica],
+        )
+        if self.local:
+            os.replace(target, dest)
+
+    def _remove(
+        self, con: duckdb.DuckDBPyConnection, table: LakeTable, base: str, replica: str | None
+    ) -> None:
+        dest = self._path(base, replica)
+        if self.local:
+            Path(dest).unlink(missing_ok=True)
+        else:  # no delete through COPY: an empty file in its place
+            con.execute(
+                f"COPY (SELECT * EXCLUDE (replica) FROM {table.name} WHERE false) "
+                f"TO {_sql_str(dest)} (FORMAT parquet)"
+            )

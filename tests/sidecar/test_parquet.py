@@ -1,35 +1,153 @@
-"""Hourly Parquet export of closed hours in hive layout, readable across pods by DuckDB."""
+"""The sidecar's Parquet export of closed minutes (the lake), on a fake clock: when a minute
+closes, that it is written once, that an interrupted export is redone without duplicates,
+that changed records are written again, and that replicas survive the round trip."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import duckdb
+import pytest
 
-from slokit.store.lake_export import ParquetExporter
+from slokit.records import Finding, GpuSample, RequestFragment
 from slokit.sources.otlp import decode_traces
-from slokit.store.db import open_store
+from slokit.store.db import Store, open_store
+from slokit.store.lake_export import ParquetExporter
+
+T0 = 1_700_000_040.0  # 22:14:00 UTC, a minute's start
 
 
-def test_closed_hours_are_exported_once_in_hive_layout(tmp_path: Path, export_body: bytes) -> None:
+def _read(out: Path, table: str, what: str = "count(*)") -> object:
+    row = duckdb.execute(
+        f"SELECT {what} FROM read_parquet('{out}/{table}/**/*.parquet', hive_partitioning = true, "
+        "hive_types = {'replica': VARCHAR})"
+    ).fetchone()
+    assert row is not None
+    return row[0] if len(row) == 1 else row
+
+
+def _request(
+    i: int, arrival: float, replica: str | None = "pod-a", **kw: object
+) -> RequestFragment:
+    return RequestFragment(
+        fragment_id=f"f{i}-{kw.get('status', 'x')}", request_id=f"r{i}", source="vllm",
+        replica=replica, model="m", arrival_ts=arrival, **kw,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def test_closed_minutes_are_exported_once_in_hive_layout(
+    tmp_path: Path, export_body: bytes
+) -> None:
     store = open_store(tmp_path / "p.duckdb")
     store.append_fragments(decode_traces(export_body, default_replica="pod-a").fragments)
     (newest,) = store.con.execute("SELECT epoch(max(arrival_ts)) FROM requests").fetchall()[0]
-    out = tmp_path / "parquet"
-    now = [newest]  # the hour of the data is still open
-    exp = ParquetExporter(str(out), grace_s=600, clock=lambda: now[0])
-    assert exp.export_closed_hours(store.con) == []
-    now[0] = newest + 3600 + 600
-    written = exp.export_closed_hours(store.con)
-    assert [w.split("/")[0] for w in written] == ["requests"]
+    out = tmp_path / "lake"
+    now = [newest]  # the minute of the newest data is still open
+    exp = ParquetExporter(str(out), grace_s=50, writer="sidecar-a", clock=lambda: now[0])
+    early = exp.export_closed_minutes(store.con)
+    assert all(w.split("/")[1] < _minute_of(newest) for w in early)
+    now[0] = (newest // 60 + 1) * 60 + 49  # the minute ended, the grace not yet
+    assert exp.export_closed_minutes(store.con) == []
+    now[0] += 1
+    written = exp.export_closed_minutes(store.con)
+    assert {w.split("/")[0] for w in early + written} == {"requests"}
     files = sorted(p.relative_to(out / "requests").as_posix() for p in out.rglob("*.parquet"))
-    assert len(files) == 1
-    date, hour, replica, _ = files[0].split("/")
-    assert date.startswith("date=") and hour.startswith("hour=") and replica == "replica=pod-a"
-    rows = duckdb.execute(
-        f"SELECT count(*), any_value(replica) FROM read_parquet('{out}/requests/**/*.parquet', "
-        "hive_partitioning = true)"
-    ).fetchone()
-    assert rows == (64, "pod-a")
-    assert exp.export_closed_hours(store.con) == []  # once
+    date, hour, minute, replica, name = files[0].split("/")
+    assert (date[:5], hour[:5], minute[:7]) == ("date=", "hour=", "minute=")
+    assert (replica, name) == ("replica=pod-a", "part_sidecar-a.parquet")
+    assert _read(out, "requests", "count(*), any_value(replica)") == (64, "pod-a")
+    assert exp.export_closed_minutes(store.con) == []  # once
+    # A restarted sidecar reads its markers: nothing again.
+    again = ParquetExporter(str(out), grace_s=50, writer="sidecar-a", clock=lambda: now[0])
+    assert again.export_closed_minutes(store.con) == []
     store.close()
+
+
+def _minute_of(ts: float) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%dT%H:%M", time.gmtime(ts))
+
+
+@pytest.fixture
+def store() -> Store:
+    return open_store(":memory:")
+
+
+def test_an_interrupted_export_is_redone_without_duplicates(
+    tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.append_fragments([_request(i, T0 + i, replica=f"pod-{i % 2}") for i in range(10)])
+    exp = ParquetExporter(str(tmp_path), writer="w", clock=lambda: T0 + 600)
+    real = ParquetExporter._write
+    calls = []
+
+    def dies_on_the_second(self: ParquetExporter, *a: object) -> None:
+        calls.append(a)
+        if len(calls) == 2:
+            raise OSError("killed")
+        real(self, *a)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ParquetExporter, "_write", dies_on_the_second)
+    with pytest.raises(OSError):
+        exp.export_closed_minutes(store.con)
+    monkeypatch.setattr(ParquetExporter, "_write", real)
+    assert _read(tmp_path, "requests") == 5  # one replica's file, no marker
+    restarted = ParquetExporter(str(tmp_path), writer="w", clock=lambda: T0 + 600)
+    assert restarted.export_closed_minutes(store.con) == ["requests/2023-11-14T22:14"]
+    assert _read(tmp_path, "requests") == 10
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_a_record_completed_after_its_minute_was_written_is_written_again(
+    tmp_path: Path, store: Store
+) -> None:
+    store.append_fragments([_request(1, T0 + 1), _request(2, T0 + 2)])
+    now = [T0 + 120]
+    exp = ParquetExporter(str(tmp_path), writer="w", clock=lambda: now[0])
+    assert exp.export_closed_minutes(store.con) == ["requests/2023-11-14T22:14"]
+    assert _read(tmp_path, "requests", "count(finish_ts)") == 0
+    store.append_fragments([_request(1, T0 + 1, finish_ts=T0 + 150, status="ok")])
+    now[0] += 10
+    assert exp.export_closed_minutes(store.con) == ["requests/2023-11-14T22:14"]
+    assert _read(tmp_path, "requests", "count(*), count(finish_ts)") == (2, 1)
+    assert exp.export_closed_minutes(store.con) == []
+
+
+def test_replaced_findings_replace_their_files(tmp_path: Path, store: Store) -> None:
+    def finding(replica: str | None) -> Finding:
+        return Finding("error_burst", "warning", 0.9, replica, T0, T0 + 30, "s", {}, "rb")
+
+    store.replace_findings([finding("pod-a"), finding(None)], (T0, T0 + 60))
+    exp = ParquetExporter(str(tmp_path), writer="w", clock=lambda: T0 + 600)
+    assert exp.export_closed_minutes(store.con) == ["findings/2023-11-14T22:14"]
+    assert _read(tmp_path, "findings", "list(replica ORDER BY replica NULLS FIRST)") == [
+        None,
+        "pod-a",
+    ]
+    store.replace_findings([finding(None)], (T0, T0 + 60))  # the next diagnosis: fleet only
+    assert exp.export_closed_minutes(store.con) == ["findings/2023-11-14T22:14"]
+    assert _read(tmp_path, "findings", "list(replica)") == [None]
+    assert not list(tmp_path.glob("findings/**/replica=pod-a/*.parquet"))
+
+
+def test_replicas_survive_the_round_trip(tmp_path: Path, store: Store) -> None:
+    names = [None, "", "a/b=c d%", "007", "pod-é"]
+    store.append_gpu_samples(
+        [
+            GpuSample(ts=T0 + i, node="n", gpu=str(i), replica=r, source="dcgm")
+            for i, r in enumerate(names)
+        ]
+    )
+    ParquetExporter(str(tmp_path), writer="w", clock=lambda: T0 + 600).export_closed_minutes(
+        store.con
+    )
+    got = _read(tmp_path, "gpu_samples", "list(replica ORDER BY ts)")
+    assert got == names
+
+
+def test_work_per_tick_is_bounded(tmp_path: Path, store: Store) -> None:
+    store.append_fragments([_request(i, T0 + 60 * i) for i in range(5)])
+    exp = ParquetExporter(str(tmp_path), writer="w", max_minutes=2, clock=lambda: T0 + 3600)
+    assert [len(exp.export_closed_minutes(store.con)) for _ in range(4)] == [2, 2, 1, 0]
+    assert _read(tmp_path, "requests") == 5

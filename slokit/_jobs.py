@@ -18,15 +18,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
 if TYPE_CHECKING:
-    from slokit.analysis.cost import CostReport
     from slokit.analysis.diagnose import Diagnosis
     from slokit.analysis.explain import ExplainOptions, Explanation
     from slokit.analysis.gate import GateResult
     from slokit.analysis.rules._context import DiagnoseOptions
-    from slokit.analysis.slo import SloReport
+    from slokit.analysis.slo_result import SloResult
     from slokit.analysis.slo_spec import SloSpec
     from slokit.store.db import Store
     from slokit.store.reader import Reader
@@ -39,7 +38,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HtmlReport",
-    "SloResult",
     "diagnose",
     "explain",
     "gate",
@@ -132,29 +130,9 @@ def explain(
         return _explain(reader, request_id, spec=spec, options=options)
 
 
-@dataclass(frozen=True)
-class SloResult:
-    """An SLO report over a window and, when the spec prices GPUs, its cost."""
-
-    report: SloReport
-    cost: CostReport | None
-    records: list[dict[str, Any]]
-
-    def to_dict(self) -> dict[str, Any]:
-        """The ``slokit slo report --json`` document."""
-        doc = self.report.to_json()
-        doc["cost"] = self.cost.to_json() if self.cost else None
-        return doc
-
-    def render_text(self) -> str:
-        from slokit.analysis import cost, slo
-
-        text = slo.render_text(self.report)
-        return text if self.cost is None else text + "\n\n" + cost.render_text(self.cost)
-
-
 def _slo_result(reader: Reader, spec: SloSpec, w: Window, sweep: str | float | None) -> SloResult:
     from slokit.analysis import cost, slo
+    from slokit.analysis.slo_result import SloResult
 
     records = reader.requests(w.since, w.until)
     rep = slo.evaluate(records, spec, since=w.since, until=w.until, sweep=sweep)
@@ -178,7 +156,19 @@ def slo_report(
 
     spec = load_spec(slo)
     with reading(source) as reader:
-        return _slo_result(reader, spec, resolve_window(reader, since, until), sweep)
+        w = resolve_window(reader, since, until)
+        if reader.basis == "histograms":  # Prometheus: counts of slokit_requests_total
+            from slokit.analysis.slo_counts import counts_result
+            from slokit.errors import NotFound
+
+            lo, hi = reader.bounds()
+            start = w.since if w.since is not None else lo
+            end = w.until if w.until is not None else hi
+            counts_of = getattr(reader, "sli_counts", None)
+            if start is None or end is None or counts_of is None:
+                raise NotFound("the source holds no slokit_requests_total series")
+            return counts_result(spec, counts_of, start, end)
+        return _slo_result(reader, spec, w, sweep)
 
 
 def gate(
@@ -203,20 +193,53 @@ def gate(
     if len(given) != 1:
         raise BadInput("give one input: a store, a records file or a vLLM bench file")
     spec = load_spec(slo)
+
+    def judge(run: runs.RunInput) -> GateResult:
+        base = runs.load_baseline(str(baseline)) if baseline is not None else None
+        report = slo_mod.evaluate(run.records, spec, duration_s=run.duration_s)
+        return gate_mod.evaluate_gate(
+            report, spec, config=gate_mod.gate_config(spec), current_records=run.records,
+            baseline=base,
+        )  # fmt: skip
+
     if records is not None:
-        run = runs.load_run_file(str(records), "records")
-    elif vllm_bench is not None:
-        run = runs.load_run_file(str(vllm_bench), "vllm-bench")
-    else:
-        assert source is not None
-        with reading(source) as reader:
-            run = runs.RunInput(reader.requests(None, None))
-    base = runs.load_baseline(str(baseline)) if baseline is not None else None
-    report = slo_mod.evaluate(run.records, spec, duration_s=run.duration_s)
-    return gate_mod.evaluate_gate(
-        report, spec, config=gate_mod.gate_config(spec), current_records=run.records,
-        baseline=base,
-    )  # fmt: skip
+        return judge(runs.load_run_file(str(records), "records"))
+    if vllm_bench is not None:
+        return judge(runs.load_run_file(str(vllm_bench), "vllm-bench"))
+    assert source is not None
+    with reading(source) as reader:
+        run = runs.RunInput(reader.requests(None, None))
+        result = judge(run)
+        if result.passed:
+            return result
+        # Why it failed: the same diagnosis over the run's window, from its telemetry.
+        from slokit.analysis.causality import chain_text
+        from slokit.analysis.diagnose import run_diagnosis
+        from slokit.analysis.gate._checks import RootCause
+        from slokit.errors import NotFound
+
+        times = [
+            t for r in run.records for t in (r.get("arrival_ts"), r.get("finish_ts")) if t is not None
+        ]  # fmt: skip
+        try:
+            diag = run_diagnosis(reader, min(times), max(times)) if times else None
+        except (NotFound, BadInput):
+            diag = None
+    if diag is not None:
+        explains = {f.id or "": f.explains for f in diag.findings}
+        rules = {f.id or "": f.rule for f in diag.findings}
+        result.root_causes = [
+            RootCause(
+                f.id or f.rule,
+                f.rule,
+                f.replica,
+                f.summary,
+                f.runbook,
+                chain_text([f.id or ""], explains, rules),
+            )
+            for f in diag.root_findings()
+        ]
+    return result
 
 
 @dataclass(frozen=True)

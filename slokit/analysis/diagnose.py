@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from slokit.analysis.causality import analyse, chain_text, label
 from slokit.analysis.rules import NotApplicable, Rule, all_rules
 from slokit.analysis.rules._context import DiagnoseOptions, build_context
 from slokit.analysis.rules._util import SEVERITY_ORDER
@@ -51,6 +52,8 @@ class Diagnosis:
     coverage: dict[str, Any]
     since: float
     until: float
+    #: The ids of the root causes (:mod:`slokit.analysis.causality`), most important first.
+    root_causes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The ``slokit diagnose --json`` document (docs/schema/diagnose.schema.json)."""
@@ -59,9 +62,23 @@ class Diagnosis:
     def to_json(self) -> dict[str, Any]:
         return {
             "window": self.window,
+            "root_causes": list(self.root_causes),
             "findings": [f.to_json() for f in self.findings],
             "coverage": self.coverage,
         }
+
+    def root_findings(self) -> list[Finding]:
+        """The root-cause findings, in :attr:`root_causes` order."""
+        by_id = {f.id: f for f in self.findings}
+        return [by_id[i] for i in self.root_causes if i in by_id]
+
+    def chain(self) -> str | None:
+        """The causal chain from the root causes, as the text report's second line."""
+        return chain_text(
+            self.root_causes,
+            {f.id or "": f.explains for f in self.findings},
+            {f.id or "": f.rule for f in self.findings},
+        )
 
 
 def run_diagnosis(
@@ -119,6 +136,8 @@ def run_diagnosis(
     for rule_id, notes in ctx.notes.items():
         if rule_id in status:
             status[rule_id]["notes"] = notes
+    linked = analyse(findings, tolerance_s=opt.bucket_s)  # links, capped severities, roots
+    findings = linked.findings
     findings.sort(key=lambda f: (SEVERITY_ORDER.get(f.severity, 3), -f.confidence, f.start_ts))
     window = {
         "since": iso(start),
@@ -137,7 +156,27 @@ def run_diagnosis(
         "withheld": {r: s["reason"] for r, s in status.items() if s["status"] == "withheld"},
         "failed": {r: s["reason"] for r, s in status.items() if s["status"] == "failed"},
     }
-    return Diagnosis(window, findings, coverage, start, end)
+    if reader.basis == "histograms":
+        _histogram_coverage(coverage, status, selected)
+    return Diagnosis(window, findings, coverage, start, end, linked.root_causes)
+
+
+#: Sources whose facts a histogram backend builds from aggregates instead of records.
+_REQUEST_SOURCES = ("requests", "spans")
+
+
+def _histogram_coverage(
+    coverage: dict[str, Any], status: dict[str, dict[str, Any]], rules: Sequence[Rule]
+) -> None:
+    """Say which rules judged requests from vLLM's histograms rather than records."""
+    on_hist = [r.id for r in rules if set(r.needs) & set(_REQUEST_SOURCES)]
+    coverage["basis"] = "histograms"
+    coverage["histogram_rules"] = [r for r in on_hist if status[r]["status"] == "ran"]
+    for rule_id in on_hist:
+        status[rule_id].setdefault("notes", []).append(
+            "request facts from vLLM's histograms and counters per pod and bucket, not "
+            "per-request records (percentiles interpolated within histogram buckets)"
+        )
 
 
 def diagnose(
@@ -164,10 +203,13 @@ def store_findings(
 
 
 def render_text(doc: dict[str, Any]) -> str:
-    """The diagnosis for people: one line per finding, then what was (not) looked at."""
+    """The diagnosis for people: the root cause and its causal chain, then one line per
+    finding (each consequence indented under its cause, then the independent findings),
+    then what was (not) looked at."""
     w = doc["window"]
     base = w["baseline"]
-    lines = [
+    lines = _headline(doc)
+    lines += [
         f"window {w['since']} .. {w['until']}  (baseline {base['since']} .. {base['until']},"
         f" from {base['from']})",
         "",
@@ -183,11 +225,7 @@ def render_text(doc: dict[str, Any]) -> str:
             if not failed
             else "no findings from the rules that ran"
         )
-    for f in doc["findings"]:
-        lines.append(
-            f"{f['severity'].upper():<8} {f['rule']:<26} {f['replica'] or 'fleet':<12} "
-            f"{f['summary']}  [{f['confidence']:.2f}] -> {f['runbook']}"
-        )
+    lines += _finding_tree(doc)
     cov = doc["coverage"]
     lines += ["", "coverage:"]
     for name, s in cov["sources"].items():
@@ -204,3 +242,66 @@ def render_text(doc: dict[str, Any]) -> str:
         for note in st.get("notes", []):
             lines.append(f"  note {rule}: {note}")
     return "\n".join(lines)
+
+
+def _headline(doc: dict[str, Any]) -> list[str]:
+    """``Root cause: <rule> on <replica>: <summary>`` (or ``A + B``) and the causal chain;
+    nothing for a document from before root causes (an older sidecar)."""
+    if "root_causes" not in doc:
+        return []
+    by_id = {f.get("id"): f for f in doc["findings"]}
+    roots = [by_id[i] for i in doc["root_causes"] if i in by_id]
+    if not roots:
+        return ["Root cause: none (no finding at warning or above)", ""]
+    if len(roots) == 1:
+        head = f"Root cause: {label(roots[0]['rule'], roots[0]['replica'])}: {roots[0]['summary']}"
+    else:
+        head = "Root cause: " + " + ".join(label(f["rule"], f["replica"]) for f in roots)
+    chain = chain_text(
+        [f["id"] for f in roots],
+        {f.get("id") or "": f.get("explains", []) for f in doc["findings"]},
+        {f.get("id") or "": f["rule"] for f in doc["findings"]},
+    )
+    return [head, *([chain] if chain else []), ""]
+
+
+def _finding_line(f: dict[str, Any]) -> str:
+    return (
+        f"{f['severity'].upper():<8} {f['rule']:<26} {f['replica'] or 'fleet':<12} "
+        f"{f['summary']}  [{f['confidence']:.2f}] -> {f['runbook']}"
+    )
+
+
+def _finding_tree(doc: dict[str, Any]) -> list[str]:
+    """The root causes with their consequences indented under them, then the independent
+    findings (with theirs); a document without ids is listed flat."""
+    findings = doc["findings"]
+    by_id = {f["id"]: f for f in findings if f.get("id")}
+    if len(by_id) != len(findings):
+        return [_finding_line(f) for f in findings]
+    roots = [i for i in doc.get("root_causes", []) if i in by_id]
+    others = [f["id"] for f in findings if not f.get("caused_by") and f["id"] not in roots]
+    lines: list[str] = []
+    shown: set[str] = set()
+
+    def emit(fid: str, depth: int, cause: str | None) -> None:
+        shown.add(fid)
+        f = by_id[fid]
+        pad = "    " * depth
+        lines.append(pad + _finding_line(f))
+        for c in f.get("caused_by", []):
+            if c["id"] == cause:
+                lines.append(f"{pad}    caused by {cause}: {c['reason']}")
+        for child in f.get("explains", []):
+            if child in by_id and child not in shown:
+                emit(child, depth + 1, fid)
+
+    for fid in roots:
+        emit(fid, 0, None)
+    if roots and any(i not in shown for i in others):
+        lines += ["", "independent findings:"]
+    for fid in others:
+        if fid not in shown:
+            emit(fid, 0, None)
+    lines += [_finding_line(f) for f in findings if f["id"] not in shown]  # never: a DAG
+    return lines

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from slokit.analysis.causality import analyse, from_stored
 from slokit.analysis.cost import CostReport, money
 from slokit.analysis.slo import SloReport, measurement, quantile, run_of, sweep_points
 from slokit.analysis.slo_spec import SloSpec
@@ -156,22 +157,45 @@ def _cost_table(cost: CostReport | None) -> str:
 
 
 def _findings_table(findings: Sequence[Mapping[str, Any]]) -> str:
+    """The stored findings: the root causes first, each with its consequences under it
+    (links recomputed by :mod:`slokit.analysis.causality`: the store keeps none), then the
+    independent findings."""
     if not findings:
         return "<p class='sub'>No findings stored for this window (run <code>slokit diagnose"
         "</code>).</p>"
+    linked = analyse([from_stored(f) for f in findings], strict=False)
+    by_id = {f.id: (f, row) for f, row in zip(linked.findings, findings, strict=True)}
     rows = [
         "<table><tr><th class='l'>rule</th><th class='l'>severity</th><th>confidence</th>"
         "<th class='l'>replica</th><th class='l'>from</th><th class='l'>to</th>"
         "<th class='l'>summary</th><th class='l'>runbook</th></tr>"
     ]
-    for f in findings:
+    shown: set[str] = set()
+
+    def emit(fid: str, depth: int, reason: str | None) -> None:
+        shown.add(fid)
+        f, row = by_id[fid]
+        rule = esc(row["rule"])
+        if fid in linked.root_causes:
+            rule = f"<b>{rule}</b> (root cause)"
+        elif depth:
+            rule = f"{'&nbsp;' * 4 * depth}&#8627; {rule}"
+        title = f" title='caused by: {esc(reason)}'" if reason else ""
         rows.append(
-            f"<tr><td class='l'>{esc(f['rule'])}</td><td class='l'>{esc(f['severity'])}</td>"
-            f"<td>{float(f['confidence']):.2f}</td><td class='l'>{esc(f['replica'] or 'fleet')}"
-            f"</td><td class='l'>{esc(iso(f['start']))}</td><td class='l'>{esc(iso(f['end']))}"
-            f"</td><td class='l'>{esc(f['summary'])}</td><td class='l'>{esc(f['runbook'])}</td>"
+            f"<tr{title}><td class='l'>{rule}</td><td class='l'>{esc(row['severity'])}</td>"
+            f"<td>{float(row['confidence']):.2f}</td><td class='l'>{esc(row['replica'] or 'fleet')}"
+            f"</td><td class='l'>{esc(iso(row['start']))}</td><td class='l'>{esc(iso(row['end']))}"
+            f"</td><td class='l'>{esc(row['summary'])}</td><td class='l'>{esc(row['runbook'])}</td>"
             "</tr>"
         )
+        for child in f.explains:
+            if child not in shown:
+                why = next(c["reason"] for c in by_id[child][0].caused_by if c["id"] == fid)
+                emit(child, depth + 1, why)
+
+    for fid in [*linked.root_causes, *(f.id or "" for f in linked.findings if not f.caused_by)]:
+        if fid not in shown:
+            emit(fid, 0, None)
     rows.append("</table>")
     return "".join(rows)
 

@@ -319,3 +319,47 @@ def test_every_dominant_runbook_exists() -> None:
     assert DOMINANT_RUNBOOK["frontend"] == DOMINANT_RUNBOOK["client"] == "frontend_bound"
     for runbook in DOMINANT_RUNBOOK.values():
         assert (REPO / "runbooks" / f"{runbook}.md").is_file(), runbook
+
+
+def _stored(rule: str, severity: str, replica: str | None, start: float, summary: str) -> Finding:
+    return Finding(
+        rule, severity, 0.9, replica, T0 + start, T0 + 60, summary, {},  # type: ignore[arg-type]
+        f"runbooks/{rule}.md",
+    )  # fmt: skip
+
+
+def test_the_root_cause_of_a_queued_request_is_named_with_its_reason(store: Store) -> None:
+    # The diagnosis stored the fleet's lost prefix hits and the queue they caused on pod-a.
+    store.append_findings([
+        _stored("queue_saturation", "warning", "pod-a", 20, "waiting peaked at 40"),
+        _stored("prefix_affinity_loss", "warning", None, 10, "hit ratio 52% vs 83%"),
+    ])  # fmt: skip
+    doc = explain_request(store.reader(), "slow")
+    root = doc["root_cause"]
+    assert root["rule"] == "prefix_affinity_loss" and root["replica"] is None
+    assert root["explains"] == "queue_saturation@pod-a"
+    assert root["reason"].startswith("the fleet lost prefix-cache hits")
+    assert doc["dominant"] == "queue"
+    assert doc["cause"].startswith("Queued 3.00 s")
+    assert " because the fleet lost prefix-cache hits" in doc["cause"]
+    assert "(prefix_affinity_loss)" in doc["cause"]
+    assert doc["runbook"] == "runbooks/prefix_affinity_loss.md"  # fix the cause, not the queue
+    text = render_text(doc)
+    assert "root cause: prefix_affinity_loss on fleet: hit ratio 52% vs 83%" in text
+
+
+def test_an_unexplained_active_finding_is_its_own_root_cause(store: Store) -> None:
+    store.append_findings([_stored("queue_saturation", "critical", "pod-a", 20, "waiting 40")])
+    doc = explain_request(store.reader(), "slow")
+    assert doc["root_cause"]["id"] == "queue_saturation@pod-a"
+    assert doc["root_cause"]["explains"] is None and doc["root_cause"]["reason"] is None
+    assert " because " not in doc["cause"]
+
+
+def test_a_cause_on_another_replica_or_an_info_finding_is_no_root_cause(store: Store) -> None:
+    store.append_findings([
+        _stored("gpu_throttle", "critical", "pod-b", 0, "clock 45%"),
+        _stored("telemetry_gap", "info", None, 0, "no GPU samples"),
+    ])  # fmt: skip
+    doc = explain_request(store.reader(), "slow")
+    assert doc["root_cause"] is None

@@ -4,6 +4,7 @@ A scenario file (YAML, ``scenario: v1``) says how to reproduce one incident::
 
     name: queue_saturation          # also the file name
     rule: queue_saturation          # the rule diagnose must report
+    root_cause: [queue_saturation]  # the true cause(s), ranked first (test_rca_accuracy.py)
     rules_out: [kv_pressure, ...]   # rules it must not report
     sim: {replicas: 1, model: 7b, gpu: l4, max_num_seqs: 16, scenario: healthy}
     speed: 4                        # simulated seconds per wall second
@@ -102,6 +103,8 @@ class Scenario:
     # How to diagnose it: ``since_s`` (window start, seconds after the scenario starts) and
     # ``baseline_s`` (how much history before it is the baseline); default: all the data.
     diagnose: dict[str, float] = field(default_factory=dict)
+    # The true cause(s) of the incident: what diagnose's ``root_causes`` must rank first.
+    root_cause: list[str] = field(default_factory=list)
 
 
 def load_scenario(path: Path) -> Scenario:
@@ -123,6 +126,7 @@ def load_scenario(path: Path) -> Scenario:
         faults=[FaultAt(**f) for f in doc.get("faults", [])],
         description=doc.get("description", ""),
         diagnose={k: float(v) for k, v in (doc.get("diagnose") or {}).items()},
+        root_cause=list(doc.get("root_cause") or []),
     )
 
 

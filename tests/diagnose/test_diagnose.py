@@ -38,7 +38,7 @@ def test_every_rule_id_is_registered_once_with_a_runbook() -> None:
 def test_document_has_the_contract_keys(store: Store, run: Run) -> None:
     queue_incident(store)
     doc = run()
-    assert set(doc) == {"window", "findings", "coverage"}
+    assert set(doc) == {"window", "root_causes", "findings", "coverage"}
     f = doc["findings"][0]
     assert set(f) == {
         "rule",
@@ -50,7 +50,12 @@ def test_document_has_the_contract_keys(store: Store, run: Run) -> None:
         "summary",
         "evidence",
         "runbook",
+        "id",
+        "caused_by",
+        "explains",
+        "impact",
     }
+    assert doc["root_causes"] == [f["id"]] == ["queue_saturation@pod-a"]
     assert json.loads(json.dumps(doc)) == doc  # plain JSON all the way down
 
 
@@ -126,7 +131,9 @@ def test_cli_json_reports_the_finding(db_file: str) -> None:
 def test_cli_text_has_one_line_per_finding_then_coverage(db_file: str) -> None:
     res = CliRunner().invoke(main, ["diagnose", "--db", db_file])
     assert res.exit_code == 0, res.output
-    line = next(ln for ln in res.output.splitlines() if "queue_saturation" in ln)
+    lines = res.output.splitlines()
+    assert lines[0].startswith("Root cause: queue_saturation on pod-a: TTFT p95")
+    line = next(ln for ln in lines[1:] if "queue_saturation" in ln)
     assert line.startswith("CRITICAL") and "pod-a" in line
     assert line.endswith("runbooks/queue_saturation.md")
     assert "coverage:" in res.output

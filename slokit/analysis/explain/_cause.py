@@ -6,10 +6,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from slokit.analysis.explain._format import fmt_s, ordinal, pct
-from slokit.analysis.explain._model import Components, Dominant, OverlappingFinding, SloJudgement
+from slokit.analysis.explain._model import (
+    Components,
+    Dominant,
+    OverlappingFinding,
+    RootCause,
+    SloJudgement,
+)
 from slokit.analysis.explain._model_context import Context
 from slokit.analysis.explain._options import ExplainOptions
 from slokit.analysis.rules import runbook_path
+from slokit.records import Finding
 
 #: Which runbook a dominant component points to when no finding is active.
 DOMINANT_RUNBOOK: dict[str, str] = {
@@ -34,11 +41,58 @@ def is_unusual(context: Context, slo: SloJudgement | None, opt: ExplainOptions) 
     return rank >= opt.unusual_rank
 
 
+#: The findings that explain a dominant component, most direct first.
+SYMPTOM_RULES: dict[str, tuple[str, ...]] = {
+    "queue": ("queue_saturation", "beyond_knee", "prefill_saturation"),
+    "prefill": ("prefill_saturation", "queue_saturation", "beyond_knee"),
+    "decode": ("decode_saturation", "kv_pressure", "gpu_throttle"),
+    "preemption": ("kv_pressure", "decode_saturation"),
+    "frontend": ("frontend_bound",),
+    "client": ("frontend_bound",),
+}
+
+
+def root_cause(linked: Sequence[Finding], dominant: Dominant) -> RootCause | None:
+    """The root of the causal chain behind the actionable finding that explains the
+    dominant component (else the most severe actionable one); None without one."""
+    actionable = [f for f in linked if f.severity != "info"]
+    if not actionable:
+        return None
+    wanted = SYMPTOM_RULES.get(dominant, ())
+    ranked = sorted(
+        actionable, key=lambda f: wanted.index(f.rule) if f.rule in wanted else len(wanted)
+    )
+    symptom = ranked[0]
+    by_id = {f.id: f for f in linked}
+    node, reason, explains = symptom, None, None
+    seen = {symptom.id}
+    while node.caused_by and node.caused_by[0]["id"] in by_id:
+        link = node.caused_by[0]
+        if link["id"] in seen:
+            break
+        seen.add(link["id"])
+        explains, reason, node = node.id, link["reason"], by_id[link["id"]]
+    return RootCause(
+        id=node.id or node.rule,
+        rule=node.rule,
+        replica=node.replica,
+        summary=node.summary,
+        runbook=node.runbook,
+        explains=explains,
+        reason=reason,
+    )
+
+
 def choose_runbook(
-    findings: Sequence[OverlappingFinding], dominant: Dominant, unusual: bool
+    findings: Sequence[OverlappingFinding],
+    dominant: Dominant,
+    unusual: bool,
+    root: RootCause | None = None,
 ) -> str | None:
-    """The first actionable finding's runbook, else the dominant component's when the
-    request is unusual, else none."""
+    """The root cause's runbook, else the first actionable finding's, else the dominant
+    component's when the request is unusual, else none."""
+    if root is not None:
+        return root.runbook
     actionable = [f for f in findings if f.actionable]
     if actionable:
         return actionable[0].runbook
@@ -55,11 +109,15 @@ def cause(
     runbook: str | None,
     *,
     typical: bool,
+    root: RootCause | None = None,
 ) -> str:
-    """One sentence for a person: the dominant component with what explains it, the rank
-    among peers, and the runbook (or that it is typical and there is nothing to fix)."""
+    """One sentence for a person: the dominant component with what explains it, the root
+    cause behind it, the rank among peers, and the runbook (or that it is typical and there
+    is nothing to fix)."""
     s = _what(rec, comps, dominant, context)
     if s is not None:
+        if root is not None and root.reason:
+            s += f" because {root.reason} ({root.rule})"
         rank, peers = _e2e_rank(context), context.peers
         if rank is not None and peers is not None and peers.count >= _RANK_MIN_PEERS:
             s += f"; its E2E is at the {ordinal(rank * 100)} percentile of {peers.count} peers"

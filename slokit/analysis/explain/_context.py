@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from slokit.analysis.causality import analyse, from_stored
 from slokit.analysis.counters import increase
 from slokit.analysis.explain._model import Components, OverlappingFinding
 from slokit.analysis.explain._model_context import (
@@ -20,6 +21,7 @@ from slokit.analysis.explain._model_context import (
     ReplicaState,
 )
 from slokit.analysis.explain._options import ExplainOptions
+from slokit.records import Finding
 from slokit.store.reader import Reader
 from slokit.timeutil import iso
 
@@ -30,6 +32,8 @@ _RANKED = ("ttft_s", "tpot_s", "e2e_s")  # the metrics a request is ranked on am
 class Gathered:
     context: Context
     findings: tuple[OverlappingFinding, ...]
+    #: The same findings with their causal links recomputed (stored findings carry none).
+    linked: tuple[Finding, ...]
     preempted: bool  # preemption recompute stretched the request's decode
     unknown: tuple[str, ...]
 
@@ -68,9 +72,9 @@ def gather(
         gpu = _gpu_at_arrival(reader, replica, arrival, opt)
         if gpu is None:
             unknown.append(f"no GPU samples for {replica}: GPU utilization unknown")
-    findings = () if arrival is None else _findings(reader, replica, arrival, finish)
+    rows = [] if arrival is None else reader.findings_overlapping(replica, arrival, finish)
     context = Context(state, during, gpu, peers)
-    return Gathered(context, findings, preempted, tuple(unknown))
+    return Gathered(context, _findings(rows), _linked(rows), preempted, tuple(unknown))
 
 
 def _peers(
@@ -185,9 +189,7 @@ def _gpu_at_arrival(
     )
 
 
-def _findings(
-    reader: Reader, replica: str | None, arrival: float, finish: float
-) -> tuple[OverlappingFinding, ...]:
+def _findings(rows: Sequence[Mapping[str, Any]]) -> tuple[OverlappingFinding, ...]:
     """Stored findings overlapping the request's life, most severe first."""
     return tuple(
         OverlappingFinding(
@@ -200,5 +202,12 @@ def _findings(
             start=iso(f["start_ts"]),
             end=iso(f["end_ts"]),
         )
-        for f in reader.findings_overlapping(replica, arrival, finish)
+        for f in rows
     )
+
+
+def _linked(rows: Sequence[Mapping[str, Any]]) -> tuple[Finding, ...]:
+    """The stored findings with their links recomputed. The store keeps no evidence for
+    them to be read back, so a chain whose evidence is absent is taken on its scope and
+    timing (the diagnosis that stored them judged the evidence)."""
+    return tuple(analyse([from_stored(r) for r in rows], strict=False).findings)

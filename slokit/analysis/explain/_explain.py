@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from slokit.analysis.explain._cause import cause, choose_runbook, is_unusual
+from slokit.analysis.explain._cause import cause, choose_runbook, is_unusual, root_cause
 from slokit.analysis.explain._components import components, dominant, timeline
 from slokit.analysis.explain._context import gather
 from slokit.analysis.explain._model import Explanation, Tokens
@@ -32,7 +32,8 @@ def explain(
     dom = dominant(comps, found.preempted)
     slo = judge(rec, spec)
     unusual = is_unusual(found.context, slo, opt)
-    runbook = choose_runbook(found.findings, dom, unusual)
+    root = root_cause(found.linked, dom)
+    runbook = choose_runbook(found.findings, dom, unusual, root)
     actionable = any(f.actionable for f in found.findings)
     return Explanation(
         request_id=rec["request_id"],
@@ -52,13 +53,20 @@ def explain(
         components=comps,
         dominant=dom,
         cause=cause(
-            rec, comps, dom, found.context, runbook, typical=not unusual and not actionable
+            rec,
+            comps,
+            dom,
+            found.context,
+            runbook,
+            typical=not unusual and not actionable,
+            root=root,
         ),
         context=found.context,
         findings=found.findings,
         slo=slo,
         runbook=runbook,
         unknown=found.unknown,
+        root_cause=root,
     )
 
 

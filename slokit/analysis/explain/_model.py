@@ -101,6 +101,25 @@ class OverlappingFinding:
 
 
 @dataclass(frozen=True)
+class RootCause:
+    """The root cause of the request's slowness: the active finding at the root of the
+    causal chain (:mod:`slokit.analysis.causality`) that explains the finding behind the
+    request's dominant component. ``explains`` and ``reason``: the finding it explains and
+    how (None when the active finding is itself the root)."""
+
+    id: str
+    rule: str
+    replica: str | None
+    summary: str
+    runbook: str
+    explains: str | None
+    reason: str | None
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class BoundCheck:
     bound: float
     value: float | None  # milliseconds
@@ -165,6 +184,7 @@ class Explanation:
     slo: SloJudgement | None
     runbook: str | None
     unknown: tuple[str, ...]
+    root_cause: RootCause | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The explain document (docs/schema/explain.schema.json): JSON values only."""
@@ -181,6 +201,7 @@ class Explanation:
             "components": self.components.to_dict(),
             "dominant": self.dominant,
             "cause": self.cause,
+            "root_cause": None if self.root_cause is None else self.root_cause.to_dict(),
             "context": self.context.to_dict(),
             "findings": [f.to_dict() for f in self.findings],
             "slo": None if self.slo is None else self.slo.to_dict(),

@@ -24,6 +24,7 @@ def render_text(doc: Mapping[str, Any]) -> str:
         f"  class={doc['slo_class'] or '-'}  status={doc['status'] or '?'}  sources={','.join(doc['sources'])}",
         "",
         f"cause: {doc['cause']}",
+        *_root_cause(doc.get("root_cause")),
         "",
         "timeline (from arrival):",
     ]
@@ -99,3 +100,15 @@ def _context(ctx: Mapping[str, Any]) -> list[str]:
             f"SM clock={gpu['sm_clock_mhz']} MHz xid={gpu['xid_last']}"
         )
     return lines
+
+
+def _root_cause(root: Mapping[str, Any] | None) -> list[str]:
+    """``root cause: <rule> on <replica>: <summary>``; nothing when there is none (or the
+    document predates root causes)."""
+    if not root:
+        return []
+    where = root["replica"] or "fleet"
+    line = f"root cause: {root['rule']} on {where}: {root['summary']}"
+    if root.get("explains"):
+        return [line, f"  which explains {root['explains']}: {root['reason']}"]
+    return [line]

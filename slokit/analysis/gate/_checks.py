@@ -39,12 +39,43 @@ class Check:
         return self.passed is False
 
 
+@dataclass(frozen=True)
+class RootCause:
+    """A root cause of a breach: a root-cause finding of the diagnosis over the run's
+    window, with the causal chain from it (``chain``: None when it explains nothing)."""
+
+    id: str
+    rule: str
+    replica: str | None
+    summary: str
+    runbook: str
+    chain: str | None = None
+
+    @property
+    def label(self) -> str:
+        """``queue_saturation on pod-a`` (``on fleet`` for a fleet-wide finding)."""
+        return f"{self.rule} on {self.replica or 'fleet'}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "rule": self.rule,
+            "replica": self.replica,
+            "summary": self.summary,
+            "runbook": self.runbook,
+            "chain": self.chain,
+        }
+
+
 @dataclass
 class GateResult:
     service: str
     report: SloReport
     checks: list[Check]
     regressions: list[Regression] = field(default_factory=list)
+    #: Why it failed: the root causes of the diagnosis over the run's window, when the gate
+    #: failed and its source holds the run's telemetry (a store); empty otherwise.
+    root_causes: list[RootCause] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -73,6 +104,7 @@ class GateResult:
                 for c in self.checks
             ],
             "regressions": [r.to_json() for r in self.regressions],
+            "root_causes": [r.to_json() for r in self.root_causes],
             "report": self.report.to_json(),
         }
 

@@ -41,8 +41,11 @@ def junit_xml(result: GateResult) -> str:
         if c.passed is None:
             ET.SubElement(case, "skipped", message=c.message)
         elif not c.passed:
-            el = ET.SubElement(case, "failure", message=c.message, type=f"{c.kind}_breach")
-            el.text = c.message
+            # Why a bound was missed (a missing class's volume is no engine's doing).
+            roots = result.root_causes if c.kind != "volume" else []
+            message = c.message + "".join(f"; root cause {r.label}" for r in roots)
+            el = ET.SubElement(case, "failure", message=message, type=f"{c.kind}_breach")
+            el.text = "\n".join([c.message, *(_root_cause_lines(result) if roots else [])])
         else:
             out = ET.SubElement(case, "system-out")
             out.text = c.message
@@ -120,4 +123,15 @@ def markdown_summary(result: GateResult) -> str:
         lines.append(f"| {icon[c.passed]} | {c.cls} | {c.name} | {c.message} |")
     if result.regressions:
         lines += _regression_table(result)
+    if result.root_causes and failed:
+        lines += ["", "### Root cause", ""]
+        lines += [f"- {ln}" for ln in _root_cause_lines(result)]
     return "\n".join(lines) + "\n"
+
+
+def _root_cause_lines(result: GateResult) -> list[str]:
+    """``root cause queue_saturation on pod-a: <summary> (runbooks/...)`` per root cause,
+    then the causal chain."""
+    lines = [f"root cause {r.label}: {r.summary} ({r.runbook})" for r in result.root_causes]
+    chains = [r.chain for r in result.root_causes if r.chain]
+    return lines + [f"causal chain: {c}" for c in dict.fromkeys(chains)]

@@ -69,6 +69,10 @@ class DiagnoseOptions:
     knee_backlog_ratio: float = 0.1  # backlog growth over the last third, share of its arrivals
     stale_factor: float = 3.0  # a gap this many times the usual interval is a gap
     min_gap_s: float = 30.0  # ...and at least this long
+    # Severity from impact (slokit.analysis.impact): a finding that affected less than this
+    # share of the window's requests (on its replica, or the fleet) is at most info...
+    impact_info_below: float = 0.05
+    impact_warning_below: float = 0.15  # ...and less than this, at most a warning
 
 
 @dataclass

@@ -7,8 +7,9 @@ from typing import Any
 
 import pandas as pd
 
+from slokit.analysis.impact import Impact, cap_severity
 from slokit.analysis.rules import runbook_path
-from slokit.analysis.rules._context import DiagnoseContext
+from slokit.analysis.rules._context import DiagnoseContext, DiagnoseOptions
 from slokit.records import Finding, Severity
 from slokit.timeutil import iso
 
@@ -127,8 +128,15 @@ def make_finding(
     end: float,
     summary: str,
     evidence: dict[str, Any],
+    impact: Impact | None = None,
+    options: DiagnoseOptions | None = None,
 ) -> Finding:
-    return Finding(
+    """A finding; with ``impact`` (the requests it affected) its severity is capped by the
+    affected share (``options``' thresholds), and the summary and the finding say it."""
+    if impact is not None:
+        severity = cap_severity(severity, impact, options or DiagnoseOptions())
+        summary = f"{summary}; {impact.phrase()}"
+    finding = Finding(
         rule=rule,
         severity=severity,
         confidence=round(clamp01(confidence), 3),
@@ -139,6 +147,9 @@ def make_finding(
         evidence=evidence,
         runbook=runbook_path(rule),
     )
+    if impact is not None:
+        finding.impact = impact.to_json()
+    return finding
 
 
 def on(replica: str | None) -> str:

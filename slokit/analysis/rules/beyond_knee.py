@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from slokit.analysis.impact import assess, slow_requests
 from slokit.analysis.rules import register
 from slokit.analysis.rules._context import DiagnoseContext
 from slokit.analysis.rules._util import fmt_s, fmt_x, make_finding, num, ratio, rnd, series
@@ -120,6 +121,16 @@ class BeyondKnee:
                 confirm = 0.15 if w3 > max(2 * w1, 1.0) else 0.0
         confidence = 0.5 + confirm + 0.15 * min(1.0, (arrival_growth - 1) / 0.5) + 0.1
         severity: Severity = "critical" if p99_ratio >= o.critical_factor else "warning"
+        # Affected: requests of the fleet's buckets past the knee whose TTFT p95 reached
+        # ``ttft_factor`` times the baseline's.
+        slow = slow_requests(
+            ctx,
+            None,
+            ctx.bucket_start(start_bucket),
+            ctx.until + 1e-6,
+            column="ttft_p95",
+            limit=o.ttft_factor * (num(base["ttft_p95"]) or 0.0),
+        )
         return [
             make_finding(
                 self.id,
@@ -130,5 +141,7 @@ class BeyondKnee:
                 end=ctx.until,
                 summary=summary,
                 evidence=evidence,
+                impact=assess(ctx, None, slow),
+                options=o,
             )
         ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from slokit.analysis.impact import assess, slow_requests
 from slokit.analysis.rules import register
 from slokit.analysis.rules._context import DiagnoseContext
 from slokit.analysis.rules._util import (
@@ -125,6 +126,10 @@ class DecodeSaturation:
                 + 0.15 * min(1.0, len(flagged) / 3)
                 + 0.1 * min(1.0, (ep["n"] or 0) / 200)
             )
+            # Affected: requests of the episode's buckets whose TPOT p50 reached the limit.
+            slow = slow_requests(
+                ctx, replica, *span, column="tpot_p50", limit=o.tpot_factor * base_tpot
+            )
             out.append(
                 make_finding(
                     self.id,
@@ -147,6 +152,8 @@ class DecodeSaturation:
                         "tpot_p50_series": series(ctx, window, "tpot_p50"),
                         "running_mean_series": series(ctx, window, "running_mean"),
                     },
+                    impact=assess(ctx, replica, slow),
+                    options=o,
                 )
             )
         return out

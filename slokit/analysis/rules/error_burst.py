@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from slokit.analysis.impact import assess
 from slokit.analysis.rules import register
 from slokit.analysis.rules._context import DiagnoseContext
 from slokit.analysis.rules._util import (
@@ -96,6 +97,8 @@ class ErrorBurst:
                         "top_http_status": num(ep["top_http_status"]),
                         "error_ratio_series": series(ctx, detect, "rate"),
                     },
+                    impact=assess(ctx, replica, ep["n_err"]),
+                    options=o,
                 )
             )
         return out

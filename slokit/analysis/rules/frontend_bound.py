@@ -11,7 +11,12 @@ from slokit.analysis.rules import register
 from slokit.analysis.rules._context import DiagnoseContext
 from slokit.analysis.rules._latency import ttft_increases
 from slokit.analysis.rules._util import fmt_pct, fmt_s, fmt_x, make_finding, num, on
-from slokit.analysis.rules.queue_saturation import confidence_of, latency_evidence, severity_of
+from slokit.analysis.rules.queue_saturation import (
+    confidence_of,
+    latency_evidence,
+    severity_of,
+    ttft_impact,
+)
 from slokit.records import Finding
 
 
@@ -57,6 +62,8 @@ class FrontendBound:
                     end=inc.end,
                     summary=summary,
                     evidence=latency_evidence(inc),
+                    impact=ttft_impact(ctx, inc),
+                    options=ctx.options,
                 )
             )
         return out

@@ -9,6 +9,7 @@ period (or, lacking one, its own 95th percentile busy clock over the window).
 
 from __future__ import annotations
 
+from slokit.analysis.impact import assess, requests_in
 from slokit.analysis.rules import register
 from slokit.analysis.rules._context import DiagnoseContext
 from slokit.analysis.rules._util import (
@@ -108,6 +109,9 @@ class GpuThrottle:
                     end=span[1],
                     summary=summary,
                     evidence=evidence,
+                    # Every request served while throttled ran on slower kernels.
+                    impact=assess(ctx, replica, requests_in(ctx, replica, *span)),
+                    options=o,
                 )
             )
         return out

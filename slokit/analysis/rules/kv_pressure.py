@@ -10,6 +10,9 @@ bucket.
 
 from __future__ import annotations
 
+import pandas as pd
+
+from slokit.analysis.impact import Impact, assess, slow_requests, window_requests
 from slokit.analysis.rules import register
 from slokit.analysis.rules._context import DiagnoseContext
 from slokit.analysis.rules._util import (
@@ -105,9 +108,30 @@ class KvPressure:
                     end=end,
                     summary=summary,
                     evidence=evidence,
+                    impact=self._impact(ctx, replica, eng[kv_near >= o.kv_full_ratio], preemptions),
+                    options=o,
                 )
             )
         return out
+
+    @staticmethod
+    def _impact(
+        ctx: DiagnoseContext, replica: str, full: pd.DataFrame, preemptions: float
+    ) -> Impact | None:
+        """Requests the full pool set back: each preemption one, plus the requests that
+        waited for blocks (slow first tokens in the buckets where the pool was full)."""
+        if not ctx.has("requests"):
+            return None
+        base_p95 = num(ctx.baseline_summary(replica)["ttft_p95"])
+        waited = 0
+        if base_p95 is not None:
+            limit = ctx.options.ttft_factor * base_p95
+            for bucket in full["bucket"]:
+                b0 = ctx.bucket_start(int(bucket))
+                waited += slow_requests(
+                    ctx, replica, b0, b0 + ctx.options.bucket_s, column="ttft_p95", limit=limit
+                )
+        return assess(ctx, replica, min(preemptions + waited, window_requests(ctx, replica)))
 
     @staticmethod
     def _recompute(

@@ -16,6 +16,7 @@ from slokit.analysis.rules.queue_saturation import (
     latency_evidence,
     severity_of,
     ttft_headline,
+    ttft_impact,
 )
 from slokit.records import Finding
 
@@ -60,6 +61,8 @@ class PrefillSaturation:
                     end=inc.end,
                     summary=summary,
                     evidence=evidence,
+                    impact=ttft_impact(ctx, inc),
+                    options=ctx.options,
                 )
             )
         return out

@@ -14,10 +14,29 @@ from __future__ import annotations
 
 import pandas as pd
 
+from slokit.analysis.impact import assess, requests_in
 from slokit.analysis.rules import NotApplicable, register
 from slokit.analysis.rules._context import DiagnoseContext
 from slokit.analysis.rules._util import fmt_pct, make_finding, num, ratio, rnd, series, whole
 from slokit.records import Finding, Severity
+
+
+#: engine_buckets' per-bucket increases of vLLM's ``prompt_tokens_by_source`` -> source.
+PROMPT_SOURCES = (
+    ("prompt_computed", "local_compute"),
+    ("prompt_cached", "local_cache_hit"),
+    ("prompt_external", "external_kv_transfer"),
+)
+
+
+def prompt_tokens_by_source(frame: pd.DataFrame) -> dict[str, float] | None:
+    """Prompt tokens over ``frame``'s buckets by where their KV came from (computed, the local
+    prefix cache, a KV connector), or None when vLLM does not expose the split."""
+    out: dict[str, float] = {}
+    for col, source in PROMPT_SOURCES:
+        if col in frame.columns and frame[col].notna().any():
+            out[source] = float(frame[col].sum())
+    return out or None
 
 
 def _active(frame: pd.DataFrame) -> pd.Series:
@@ -91,6 +110,25 @@ class PrefixAffinityLoss:
                 "evicted, or fewer shared prefixes"
             )
         summary += f"; ~{lost_tokens:,.0f} more prompt tokens prefilled"
+        evidence: dict[str, object] = {
+            "hit_ratio_baseline": rnd(base_ratio),
+            "hit_ratio_after": rnd(after_ratio),
+            "replicas_baseline": base_replicas,
+            "replicas_after": after_replicas,
+            "scale_out": scale_out,
+            "extra_prefill_tokens": whole(lost_tokens),
+            "per_replica": per_replica,
+            "hit_ratio_series": series(ctx, fleet, "hit_ratio"),
+            "replicas_series": series(ctx, fleet, "replicas"),
+            "queries_after_tokens": num(after["queries"].sum()),
+        }
+        eng_after = eng[(ctx.origin + eng["bucket"] * o.bucket_s) >= start]
+        for key, rows in (("baseline", eng[ctx.is_baseline(eng)]), ("after", eng_after)):
+            by_source = prompt_tokens_by_source(rows)
+            if by_source is not None:
+                evidence[f"prompt_tokens_by_source_{key}"] = {
+                    k: whole(v) for k, v in by_source.items()
+                }
         severity: Severity = (
             "critical" if after_ratio <= 0.5 * base_ratio and scale_out else "warning"
         )
@@ -105,17 +143,10 @@ class PrefixAffinityLoss:
                 start=start,
                 end=last,
                 summary=summary,
-                evidence={
-                    "hit_ratio_baseline": rnd(base_ratio),
-                    "hit_ratio_after": rnd(after_ratio),
-                    "replicas_baseline": base_replicas,
-                    "replicas_after": after_replicas,
-                    "scale_out": scale_out,
-                    "extra_prefill_tokens": whole(lost_tokens),
-                    "per_replica": per_replica,
-                    "hit_ratio_series": series(ctx, fleet, "hit_ratio"),
-                    "replicas_series": series(ctx, fleet, "replicas"),
-                    "queries_after_tokens": num(after["queries"].sum()),
-                },
+                evidence=evidence,
+                # The requests after the change that lost the prefix hit they used to get:
+                # the share of the baseline's hits that is gone.
+                impact=assess(ctx, None, requests_in(ctx, None, start, last) * drop / base_ratio),
+                options=o,
             )
         ]

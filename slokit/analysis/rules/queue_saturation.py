@@ -7,10 +7,20 @@ the waiting-queue peak against its baseline.
 
 from __future__ import annotations
 
+from slokit.analysis.impact import Impact, assess, slow_requests
 from slokit.analysis.rules import register
 from slokit.analysis.rules._context import DiagnoseContext
 from slokit.analysis.rules._latency import TtftIncrease, ttft_increases
-from slokit.analysis.rules._util import fmt_pct, fmt_s, fmt_x, make_finding, num, on, rnd
+from slokit.analysis.rules._util import (
+    fmt_pct,
+    fmt_s,
+    fmt_x,
+    in_span,
+    make_finding,
+    num,
+    on,
+    rnd,
+)
 from slokit.records import Finding, Severity
 
 
@@ -42,6 +52,34 @@ def latency_evidence(inc: TtftIncrease) -> dict[str, object]:
     }
 
 
+#: vLLM's ``num_requests_waiting_by_reason`` reasons, as engine_buckets peaks them.
+WAITING_REASONS = ("capacity", "deferred")
+
+
+def waiting_by_reason(ctx: DiagnoseContext, inc: TtftIncrease) -> dict[str, float] | None:
+    """The episode's waiting-queue peak per vLLM reason (``capacity``: no room to schedule;
+    ``deferred``: held back by LoRA budget or a KV transfer), or None when not exposed."""
+    if ctx.engine.empty:
+        return None
+    ep = in_span(ctx, ctx.of("engine", inc.replica), inc.start, inc.end)
+    out: dict[str, float] = {}
+    for reason in WAITING_REASONS:
+        col = f"waiting_{reason}_max"
+        if col in ep.columns and ep[col].notna().any():
+            out[reason] = float(ep[col].max())
+    return out or None
+
+
+def queue_evidence(ctx: DiagnoseContext, inc: TtftIncrease) -> dict[str, object]:
+    """:func:`latency_evidence`, and the waiting peak by reason when vLLM exposes it (e.g.
+    ``{"capacity": 200, "deferred": 59}``)."""
+    evidence = latency_evidence(inc)
+    by_reason = waiting_by_reason(ctx, inc)
+    if by_reason is not None:
+        evidence["waiting_by_reason_peak"] = {k: rnd(v, 2) for k, v in by_reason.items()}
+    return evidence
+
+
 def ttft_headline(inc: TtftIncrease) -> str:
     tpot = f"TPOT flat ({fmt_x(inc.tpot_ratio)})" if inc.tpot_ratio is not None else "TPOT unknown"
     return (
@@ -61,6 +99,14 @@ def severity_of(ctx: DiagnoseContext, inc: TtftIncrease, confirmed: bool | None 
     if confirmed is False:
         level = max(0, level - 1)
     return levels[level]
+
+
+def ttft_impact(ctx: DiagnoseContext, inc: TtftIncrease) -> Impact | None:
+    """The episode's slow requests: those of its buckets whose TTFT p95 reached
+    ``ttft_factor`` times the baseline's (and its failed requests)."""
+    limit = ctx.options.ttft_factor * (num(inc.base["ttft_p95"]) or 0.0)
+    affected = slow_requests(ctx, inc.replica, inc.start, inc.end, column="ttft_p95", limit=limit)
+    return assess(ctx, inc.replica, affected)
 
 
 def confidence_of(inc: TtftIncrease, share: float, confirmed: bool) -> float:
@@ -103,7 +149,9 @@ class QueueSaturation:
                     start=inc.start,
                     end=inc.end,
                     summary=summary,
-                    evidence=latency_evidence(inc),
+                    evidence=queue_evidence(ctx, inc),
+                    impact=ttft_impact(ctx, inc),
+                    options=ctx.options,
                 )
             )
         return out

@@ -9,6 +9,7 @@ yields fewer than ``spec_min_tokens_per_step`` tokens (below that the draft work
 
 from __future__ import annotations
 
+from slokit.analysis.impact import assess, requests_in
 from slokit.analysis.rules import NotApplicable, register
 from slokit.analysis.rules._context import DiagnoseContext
 from slokit.analysis.rules._util import (
@@ -95,6 +96,9 @@ class SpecDecodeLowAcceptance:
                         "accepted_tokens": ep["spec_accepted"].sum(),
                         "acceptance_series": series(ctx, rows, "acceptance"),
                     },
+                    # Every request decoded in the episode paid for the rejected drafts.
+                    impact=assess(ctx, replica, requests_in(ctx, replica, *span)),
+                    options=o,
                 )
             )
         return out

@@ -36,7 +36,7 @@ _EXPORTS: dict[str, str] = {
     "window": "slokit._jobs",
     "load_spec": "slokit._jobs",
     "open_store": "slokit._jobs",
-    "SloResult": "slokit._jobs",
+    "SloResult": "slokit.analysis.slo_result",
     "HtmlReport": "slokit._jobs",
     "Diagnosis": "slokit.analysis.diagnose",
     "DiagnoseOptions": "slokit.analysis.rules._context",
@@ -88,7 +88,6 @@ __all__ = [
 if TYPE_CHECKING:
     from slokit._jobs import (
         HtmlReport,
-        SloResult,
         diagnose,
         explain,
         gate,
@@ -104,6 +103,7 @@ if TYPE_CHECKING:
     from slokit.analysis.gate import GateResult
     from slokit.analysis.rules._context import DiagnoseOptions
     from slokit.analysis.slo import SloReport
+    from slokit.analysis.slo_result import SloResult
     from slokit.analysis.slo_spec import SloSpec
     from slokit.errors import BadInput, NotFound, SlokitError
     from slokit.records import Finding

@@ -549,11 +549,11 @@ def _burn_windows(
             o for a, o in judged if a is not None and start <= a <= window.until and o != INCOMPLETE
         ]
         good = sum(1 for o in sub if o == "good")
-        out[_fmt_window(w)] = burn_rate(good / len(sub), cls.objective) if sub else None
+        out[fmt_window(w)] = burn_rate(good / len(sub), cls.objective) if sub else None
     return out
 
 
-def _fmt_window(seconds: float) -> str:
+def fmt_window(seconds: float) -> str:
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size and seconds % size == 0:
             return f"{int(seconds // size)}{unit}"

@@ -82,6 +82,13 @@ class PrometheusClient:
             for r in data["result"]
         ]
 
+    def query(self, query: str, at: float) -> list[tuple[dict[str, str], float]]:
+        """An instant query at ``at``: ``(labels, value)`` per series of the vector."""
+        data = self._get("/api/v1/query", {"query": query, "time": _num(at)})
+        if data.get("resultType") != "vector":
+            raise BadInput(f"query returned {data.get('resultType')!r}, expected a vector")
+        return [(dict(r["metric"]), float(r["value"][1])) for r in data["result"]]
+
 
 def _num(x: float) -> str:
     return f"{x:.3f}".rstrip("0").rstrip(".")

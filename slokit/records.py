@@ -102,7 +102,14 @@ class EngineSample:
     prefix_cache_queries_total: float | None = None
     prefix_cache_hits_total: float | None = None
     request_success_total: float | None = None
+    #: Counter by ``finished_reason`` (``stop``, ``length``, ``abort``, ``error``...): aborts kept.
     request_success_by_reason: dict[str, float] = field(default_factory=dict)
+    #: Gauge ``num_requests_waiting_by_reason`` by ``reason`` (``capacity``: waiting for
+    #: scheduling capacity; ``deferred``: held back by LoRA budget, KV transfer...).
+    waiting_by_reason: dict[str, float] = field(default_factory=dict)
+    #: Counter ``prompt_tokens_by_source`` by ``source`` (``local_compute``,
+    #: ``local_cache_hit``, ``external_kv_transfer``).
+    prompt_tokens_by_source: dict[str, float] = field(default_factory=dict)
     spec_decode_drafts_total: float | None = None
     spec_decode_draft_tokens_total: float | None = None
     spec_decode_accepted_tokens_total: float | None = None
@@ -163,6 +170,15 @@ class Finding:
     summary: str
     evidence: dict[str, Any]
     runbook: str
+    #: Set by the diagnosis (:mod:`slokit.analysis.causality`): ``rule`` + ``@replica`` +
+    #: ``#k`` (the k-th of the same rule and replica, k >= 2).
+    id: str | None = None
+    #: The findings that explain this one: ``{"id": ..., "reason": one sentence}``.
+    caused_by: list[dict[str, str]] = field(default_factory=list)
+    #: The ids of the findings this one explains.
+    explains: list[str] = field(default_factory=list)
+    #: The requests it affected: ``{"requests": n, "share": 0..1}``; None: not measurable.
+    impact: dict[str, int | float] | None = None
 
     def to_json(self) -> dict[str, Any]:
         from slokit.timeutil import iso
@@ -177,4 +193,8 @@ class Finding:
             "summary": self.summary,
             "evidence": self.evidence,
             "runbook": self.runbook,
+            "id": self.id,
+            "caused_by": [dict(c) for c in self.caused_by],
+            "explains": list(self.explains),
+            "impact": self.impact,
         }

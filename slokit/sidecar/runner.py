@@ -40,12 +40,12 @@ from slokit.sidecar.labels import label_limits
 from slokit.sidecar.metrics import SidecarMetrics
 from slokit.sidecar.otlp_http import OtlpHttpReceiver
 from slokit.sidecar.otlp_ingest import OtlpIngest
-from slokit.store.lake_export import ParquetExporter
 from slokit.sidecar.scrape import NvmlLoop, Scraper
 from slokit.sidecar.sli import SliAccountant
 from slokit.sidecar.writer import Writer
 from slokit.store.db import Store, open_store
 from slokit.store.faults import inspect_wal
+from slokit.store.lake_export import ParquetExporter
 
 log = logging.getLogger("slokit.sidecar")
 
@@ -248,8 +248,8 @@ class Sidecar:
         if cfg.diagnose_interval_s > 0:  # 0: no periodic findings, the analysis stack unloaded
             self._periodic("findings", cfg.diagnose_interval_s, self._findings_tick)
         if cfg.parquet_dir:
-            exporter = ParquetExporter(cfg.parquet_dir)
-            self._periodic("parquet", 60.0, lambda con: exporter.export_closed_hours(con))
+            exporter = ParquetExporter(cfg.parquet_dir, writer=cfg.replica)  # closed minutes
+            self._periodic("parquet", 10.0, lambda con: exporter.export_closed_minutes(con))
         if cfg.db != ":memory:":
             host = split_host_port(cfg.listen)[0]
             host = "127.0.0.1" if host in ("0.0.0.0", "::") else host

@@ -39,7 +39,8 @@ from slokit.sources.exposition import (
 from slokit.sources.validate import Invalid, fragment_problem, timestamp_problem
 from slokit.sources.vllm_metrics import engine_samples_from_families
 
-_STATUSES = frozenset(get_args(RequestStatus))
+#: Every request status by name (``incomplete``, a load test's end, included).
+_STATUSES: dict[str, RequestStatus] = {s: s for s in get_args(RequestStatus)}
 
 
 def read_text(path: str | Path) -> str:
@@ -346,9 +347,12 @@ def parse_load_jsonl(
         if rid in seen:
             raise BadInput(f"{w}: {cl.REQUEST_ID} {raw_id!r} appears twice")
         seen.add(rid)
-        status = _string(rec, cl.STATUS, w)
-        if status is not None and status not in _STATUSES:
-            raise BadInput(f"{w}: {cl.STATUS} must be one of {sorted(_STATUSES)}, got {status!r}")
+        raw_status = _string(rec, cl.STATUS, w)
+        status = _STATUSES.get(raw_status) if raw_status is not None else None
+        if raw_status is not None and status is None:
+            raise BadInput(
+                f"{w}: {cl.STATUS} must be one of {sorted(_STATUSES)}, got {raw_status!r}"
+            )
         ttft = _number(rec, cl.TTFT_S, w)
         e2e = _number(rec, cl.E2E_S, w)
         out_tokens = _integer(rec, cl.OUTPUT_TOKENS, w)

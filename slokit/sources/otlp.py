@@ -93,6 +93,11 @@ _HTTP_ATTRS: dict[str, str] = {
     "gen_ai.server.time_to_first_token": "client_ttft_s",
 }
 
+#: ``slokit.status`` values a client span may declare: outcomes only the client knows (it
+#: cancelled, or its load test ended with the request in flight: ``incomplete``, never a
+#: failure of the server). Other values are judged from the span's HTTP status as usual.
+_CLIENT_DECLARED: dict[Any, RequestStatus] = {"incomplete": "incomplete", "cancelled": "cancelled"}
+
 #: Integer fields and their largest plausible value (see slokit.sources.validate).
 _INT_LIMITS: dict[str, int] = {
     "prompt_tokens": MAX_TOKENS,
@@ -454,7 +459,11 @@ def _http_span(
         raise _Rejected("span end before its start" if dur < 0 else f"span duration {why}")
     http_status = values.get("http_status")
     status: RequestStatus | None
-    if span.status.code == _STATUS_ERROR or (http_status is not None and http_status >= 400):
+    declared = attrs.get("slokit.status")
+    if isinstance(declared, str) and declared in _CLIENT_DECLARED:
+        # The client's own choice (it gave up, or its load test ended), whatever HTTP said.
+        status = _CLIENT_DECLARED[declared]
+    elif span.status.code == _STATUS_ERROR or (http_status is not None and http_status >= 400):
         status = "error"
         if http_status == 429:
             status = "rejected"

@@ -103,6 +103,8 @@ def test_load_sweep_prints_one_row_per_rate(fake_vllm: FakeVllm, tmp_path: Path)
         (["--rate", "1", "--duration", "soon"], "--duration"),
         (["--sweep", "5,x", "--duration", "5"], "--sweep"),
         (["--rate", "1", "--duration", "5", "--header", "novalue"], "--header"),
+        (["--rate", "1", "--duration", "5", "--drain=-1"], "--drain must be zero or positive"),
+        (["--rate", "1", "--duration", "5", "--drain", "later"], "--drain"),
         (["--rate", "1", "--duration", "5", "--workload", "/nonexistent.yaml"], "cannot read"),
     ],
 )

@@ -103,3 +103,32 @@ def test_cost_per_good_request_divides_the_window_cost(setup: Setup) -> None:
         pytest.approx(1.0)
     )
     assert reg.get_sample_value("slokit_cost_per_successful_task_usd", {}) == pytest.approx(1.0)
+
+
+def _outcomes(reg: CollectorRegistry) -> set[str]:
+    return {m.labels["outcome"] for f in reg.collect() for m in f.samples
+            if m.name == "slokit_requests_total"}  # fmt: skip
+
+
+@pytest.mark.parametrize("spec", [True, False], ids=["with spec", "without spec"])
+def test_an_incomplete_request_is_counted_apart_never_as_bad(tmp_path: Path, spec: bool) -> None:
+    # A load test cut r1 at its end; vLLM finished it anyway (client outcome first:
+    # incomplete). It is no error and no series of slokit_requests_total.
+    clock = Clock()
+    store = open_store(tmp_path / "sli.duckdb", clock=clock)
+    reg = CollectorRegistry()
+    acc = SliAccountant(SidecarMetrics(reg), load_spec(SLO) if spec else None, clock=clock)
+    clock.t += 1
+    store.append_fragments([
+        _vllm("r1"),
+        RequestFragment("r1", "client", "client:r1", status="incomplete", error_type="load_end",
+                        task_id="t1"),
+        _vllm("r2"),
+    ])  # fmt: skip
+    clock.t += 31
+    assert acc.tick(store.cursor()) == 2
+    assert _outcomes(reg) == {"good"}
+    cls = "default" if spec else "unclassified"
+    assert reg.get_sample_value("slokit_requests_incomplete_total", {"class": cls}) == 1
+    assert reg.get_sample_value("slokit_output_tokens_total", {
+        "class": cls, "replica": "pod-a", "model": "m", "outcome": "good"}) == 10  # fmt: skip

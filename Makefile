@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 VLLM_VENV := .venv-vllm
 
-.PHONY: help venv vllm-env system-deps demo test test-fast lint bench clean
+.PHONY: help venv vllm-env loadtools-env system-deps demo test test-fast test-loadtools lint bench clean
 
 help:
 	@echo "make demo       the main job on the simulator: replicas, sidecar, load, findings, explain"
@@ -24,17 +24,27 @@ venv: $(VENV)/.installed
 vllm-env:
 	bash scripts/vllm-env.sh $(VLLM_VENV)
 
+# .venv-aiperf (and .venv-guidellm): the real load tools for tests/loadtools. `make test`
+# builds the ones the suite runs (LOADTOOLS); `make loadtools-env LOADTOOLS="aiperf guidellm"`.
+LOADTOOLS ?= aiperf
+loadtools-env:
+	SLOKIT_LOADTOOLS="$(LOADTOOLS)" bash scripts/loadtools-env.sh
+
 system-deps:
 	bash scripts/system-deps.sh
 
 demo: venv
 	$(BIN)/slokit demo
 
-test: venv vllm-env system-deps
-	SLOKIT_REQUIRE_VLLM=$${SLOKIT_REQUIRE_VLLM:-1} $(BIN)/python -m pytest -q
+test: venv vllm-env loadtools-env system-deps
+	SLOKIT_REQUIRE_VLLM=$${SLOKIT_REQUIRE_VLLM:-1} SLOKIT_REQUIRE_LOADTOOLS=$${SLOKIT_REQUIRE_LOADTOOLS:-1} \
+	  $(BIN)/python -m pytest -q
+
+test-loadtools: venv loadtools-env
+	SLOKIT_REQUIRE_LOADTOOLS=1 $(BIN)/python -m pytest -q -m loadtools tests/loadtools
 
 test-fast: venv
-	$(BIN)/python -m pytest -q -m "not vllm and not prometheus and not chromium and not slow"
+	$(BIN)/python -m pytest -q -m "not vllm and not prometheus and not chromium and not slow and not loadtools"
 
 lint: venv
 	$(BIN)/ruff check slokit tests benchmarks

@@ -1,4 +1,5 @@
-"""Recorded files -> records: metric history, vLLM bench results, load records, quality rows.
+"""Recorded files -> records: metric history, vLLM bench results, load records (slokit's own
+or a load tool's, :mod:`slokit.sources.loadtools`), quality rows.
 
 Every parser here is all-or-nothing: the whole text is parsed before anything is
 returned, and a bad line raises :class:`~slokit.errors.BadInput` naming ``file:line``, so
@@ -29,6 +30,7 @@ from slokit import clientlog as cl
 from slokit.errors import BadInput
 from slokit.ids import InvalidRequestId, checked_request_id
 from slokit.records import EngineSample, GpuSample, RequestFragment, RequestStatus
+from slokit.sources import loadtools
 from slokit.sources.dcgm import gpu_samples_from_families
 from slokit.sources.exposition import (
     MetricFamily,
@@ -388,10 +390,20 @@ def parse_load_jsonl(
 def parse_requests_file(
     data: str | bytes, *, name: str, now: float | None = None
 ) -> list[RequestFragment]:
-    """A vLLM bench result or slokit load JSONL, told apart by content."""
+    """Per-request results, told apart by content: a load tool's (AIPerf, GuideLLM,
+    inference-perf: :mod:`slokit.sources.loadtools`), a vLLM bench result or slokit load JSONL.
+
+    A tool's aggregate (AIPerf's ``profile_export_aiperf.json``, an inference-perf summary) is
+    :class:`BadInput` naming the tool and the per-request file to give instead.
+    """
     text = _as_text(data, name)
+    frags = loadtools.parse_requests(text, name=name, now=now)
+    if frags is not None:
+        return frags
     if is_vllm_bench(text):
         return parse_vllm_bench(text, name=name, now=now)
+    if (hint := loadtools.aggregate_problem(text)) is not None:
+        raise BadInput(f"{name}: {hint}")
     return parse_load_jsonl(text, name=name, now=now)
 
 

@@ -1,5 +1,6 @@
-"""Run files -> records for ``slokit gate``: a load JSONL or a vLLM bench result, and a
-baseline (an earlier run's records or its ``slokit slo report --json``).
+"""Run files -> records for ``slokit gate``: a load JSONL, a vLLM bench result or a load tool's
+per-request file (:mod:`slokit.sources.loadtools`), and a baseline (an earlier run's records
+or its ``slokit slo report --json``).
 
 Records are merged through an in-memory store, the same path as ``ingest``, so a gate
 judges exactly what ``slo report`` would after loading the same file.
@@ -16,7 +17,7 @@ from typing import Any
 from slokit.analysis.gate import Baseline
 from slokit.errors import BadInput
 from slokit.records import RequestFragment
-from slokit.sources import files
+from slokit.sources import files, loadtools
 
 
 @dataclass(frozen=True)
@@ -53,14 +54,18 @@ def _bench_duration(text: str) -> float | None:
 
 def load_run_file(path: str, kind: str) -> RunInput:
     """``kind`` ``vllm-bench`` (``vllm bench serve --save-detailed`` JSON), ``records``
-    (``slokit load`` JSONL, or a bench file told apart by content) -> :class:`RunInput`."""
+    (any per-request file :func:`~slokit.sources.files.parse_requests_file` reads, told apart
+    by content: ``slokit load`` JSONL, a bench file, AIPerf's ``profile_export.jsonl``, a
+    GuideLLM report, inference-perf's per-request lifecycle file) -> :class:`RunInput`."""
     text = files.read_text(path)
-    if kind == "vllm-bench" or (kind == "records" and files.is_vllm_bench(text)):
+    if kind == "vllm-bench" or (
+        kind == "records" and loadtools.detect(text) is None and files.is_vllm_bench(text)
+    ):
         frags = files.parse_vllm_bench(text, name=path)
         return RunInput(records_from_fragments(frags), _bench_duration(text))
     if kind != "records":
         raise ValueError(kind)
-    return RunInput(records_from_fragments(files.parse_load_jsonl(text, name=path)))
+    return RunInput(records_from_fragments(files.parse_requests_file(text, name=path)))
 
 
 def load_baseline(path: str) -> Baseline:

@@ -1,0 +1,178 @@
+"""Load tools' per-request files (AIPerf, GuideLLM, inference-perf) -> client fragments, told
+apart by content; their aggregates refused with the file to give instead.
+
+The files under tests/fixtures/loadtools/ follow each tool's source schema (see its README).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from slokit.errors import BadInput
+from slokit.sources import loadtools
+from slokit.sources.files import parse_requests_file, read_text
+from slokit.sources.runs import load_run_file
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "loadtools"
+NOW = 1767225600.0 + 86400.0
+
+
+def _read(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+def _parse(name: str, *, as_name: str | None = None) -> list:
+    return parse_requests_file(_read(name), name=as_name or name, now=NOW)
+
+
+# --- recognised by content, not by name --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fixture", "tool"),
+    [
+        ("aiperf-profile_export.jsonl", "AIPerf"),
+        ("guidellm-benchmarks.json", "GuideLLM"),
+        ("inference-perf-per_request_lifecycle_metrics.json", "inference-perf"),
+    ],
+)
+def test_each_tools_file_is_recognised_by_content_whatever_its_name(fixture, tool):
+    imp = loadtools.detect(_read(fixture))
+    assert imp is not None and tool == imp.TOOL
+    renamed = _parse(fixture, as_name="results.txt")
+    assert renamed and {f.source for f in renamed} == {"client"}
+
+
+def test_slokit_jsonl_and_vllm_bench_are_no_tools_file(data_dir):
+    assert loadtools.detect((data_dir / "vllm-bench-tiny.json").read_text()) is None
+    line = json.dumps({"request_id": "r1", "status": "ok"})
+    assert loadtools.detect(line + "\n") is None
+    assert parse_requests_file(line + "\n", name="l.jsonl")[0].request_id == "r1"
+
+
+# --- AIPerf profile_export.jsonl ---------------------------------------------------------------
+
+
+def test_aiperf_records_keep_x_request_id_times_and_figures():
+    frags = {f.request_id: f for f in _parse("aiperf-profile_export.jsonl")}
+    # aiperf-req-0 is a warmup record: AIPerf's statistics leave it out, and so does slokit
+    assert sorted(frags) == [f"aiperf-req-{i}" for i in range(1, 6)]
+    f = frags["aiperf-req-1"]
+    assert f.status == "ok" and f.arrival_ts == pytest.approx(1767225601.0)
+    assert f.client_ttft_s == pytest.approx(0.050) and f.client_e2e_s == pytest.approx(0.210)
+    assert f.first_token_ts == pytest.approx(1767225601.05)
+    assert f.finish_ts == pytest.approx(1767225601.21)
+    assert f.tpot_s == pytest.approx(0.160 / 8) and f.itl_p95_s == pytest.approx(0.02)
+    assert (f.prompt_tokens, f.output_tokens) == (20, 9)
+
+
+def test_aiperf_errors_are_kept_and_cancelled_ones_are_incomplete():
+    frags = {f.request_id: f for f in _parse("aiperf-profile_export.jsonl")}
+    err = frags["aiperf-req-4"]
+    assert (err.status, err.error_type, err.http_status) == ("error", "Internal Server Error", 500)
+    assert err.client_ttft_s is None
+    assert frags["aiperf-req-5"].status == "incomplete"
+
+
+def test_aiperf_units_are_converted_and_unknown_ones_refused():
+    line = json.loads(_read("aiperf-profile_export.jsonl").splitlines()[1])
+    line["metrics"]["time_to_first_token"] = {"value": 50_000_000, "unit": "ns"}
+    assert _one(json.dumps(line)).client_ttft_s == pytest.approx(0.05)
+    line["metrics"]["time_to_first_token"] = {"value": 5, "unit": "fortnights"}
+    with pytest.raises(BadInput, match=r"x.jsonl:1: time_to_first_token has unit 'fortnights'"):
+        _one(json.dumps(line))
+
+
+def _one(line: str):
+    (frag,) = parse_requests_file(line + "\n", name="x.jsonl", now=NOW)
+    return frag
+
+
+def test_aiperf_aggregate_names_the_tool_and_the_file_to_give():
+    with pytest.raises(BadInput) as exc:
+        _parse("aiperf-profile_export_aiperf.json")
+    msg = str(exc.value)
+    assert "AIPerf's aggregate" in msg and "profile_export.jsonl" in msg
+    assert "not JSON" not in msg
+
+
+# --- GuideLLM report ---------------------------------------------------------------------------
+
+
+def test_guidellm_response_ids_normalise_to_the_servers_request_id():
+    frags = {f.request_id: f for f in _parse("guidellm-benchmarks.json")}
+    assert {"00ab00cd", "01ab01cd", "02ab02cd"} <= set(frags)  # chatcmpl-<id> -> <id>
+    f = frags["00ab00cd"]
+    assert f.status == "ok" and f.arrival_ts == pytest.approx(1767225600.0)
+    assert f.client_ttft_s == pytest.approx(0.05) and f.client_e2e_s == pytest.approx(0.25)
+    assert f.tpot_s == pytest.approx(0.20 / 8)  # inter_token_latency_ms, not time_per_output
+    assert (f.prompt_tokens, f.output_tokens, f.itl_p95_s) == (20, 9, None)
+
+
+def test_guidellm_errored_are_errors_and_incomplete_are_incomplete():
+    frags = {f.request_id: f for f in _parse("guidellm-benchmarks.json")}
+    # no response came: GuideLLM's own request id is the key
+    assert frags["9f0c0004-guidellm"].status == "error"
+    assert frags["9f0c0004-guidellm"].error_type == (
+        "HTTPStatusError: Server error '500 Internal Server Error'"
+    )
+    assert frags["9f0c0003-guidellm"].status == "incomplete"
+
+
+def test_guidellm_summary_without_requests_is_refused_naming_the_tool():
+    with pytest.raises(BadInput, match="GuideLLM report without per-request entries"):
+        _parse("guidellm-summary.json")
+
+
+# --- inference-perf per_request_lifecycle_metrics.json --------------------------------------
+
+
+def test_inference_perf_figures_follow_its_own_summarize_requests():
+    frags = _parse("inference-perf-per_request_lifecycle_metrics.json", as_name="run/lc.json")
+    assert [f.request_id for f in frags] == [f"lc-{i}" for i in range(4)]
+    f = frags[0]
+    assert f.arrival_ts is None  # perf_counter readings are no wall clock
+    assert f.client_ttft_s == pytest.approx(0.050) and f.client_e2e_s == pytest.approx(0.121)
+    assert f.tpot_s == pytest.approx(0.010) and f.itl_p95_s == pytest.approx(0.010)
+    assert (f.model, f.prompt_tokens, f.output_tokens, f.status) == (
+        "facebook/opt-125m",
+        12,
+        8,
+        "ok",
+    )
+    assert (frags[3].status, frags[3].error_type) == ("error", "ClientResponseError")
+
+
+def test_inference_perf_summary_names_the_per_request_file():
+    with pytest.raises(BadInput, match=r"per_request_lifecycle_metrics\.json"):
+        _parse("inference-perf-summary_lifecycle_metrics.json")
+
+
+# --- gate's run files ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "fixture",
+    [
+        "aiperf-profile_export.jsonl",
+        "guidellm-benchmarks.json",
+        "inference-perf-per_request_lifecycle_metrics.json",
+    ],
+)
+def test_gate_run_files_accept_each_tools_file(fixture, tmp_path):
+    path = tmp_path / "run.json"
+    shutil.copy(FIXTURES / fixture, path)
+    run = load_run_file(str(path), "records")
+    assert len(run.records) == len(parse_requests_file(read_text(path), name=str(path)))
+    assert {r["status"] for r in run.records} >= {"ok", "error"}
+
+
+def test_gate_run_file_refuses_an_aggregate(tmp_path):
+    path = tmp_path / "agg.json"
+    shutil.copy(FIXTURES / "aiperf-profile_export_aiperf.json", path)
+    with pytest.raises(BadInput, match="AIPerf's aggregate"):
+        load_run_file(str(path), "records")

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slokit.errors import BadInput
-from slokit.records import EngineSample, GpuSample, RequestFragment
+from slokit.records import EngineSample, GpuSample, RequestFragment, RouterSample
 from slokit.store.db import Store
 
 #: Default limit on an OTLP file's (decompressed) size: the sidecar's body limit.
@@ -57,6 +57,7 @@ class IngestReport:
     requests: int = 0
     engine_samples: int = 0
     gpu_samples: int = 0
+    router_samples: int = 0
     skipped_spans: int = 0
     rejected_spans: int = 0
     rejection_reasons: dict[str, int] = field(default_factory=dict)  # reason -> spans
@@ -207,6 +208,9 @@ def ingest_metrics(
 
     def handle(path: Path) -> None:
         ts = default_ts if default_ts is not None else path.stat().st_mtime
+        if path.stat().st_size <= bucket_bytes and (router := _router_samples(path, instance, ts)):
+            report.router_samples += store.append_router_samples(router)
+            return
         if path.stat().st_size <= bucket_bytes:
             recs = parse_metrics_file(_read(path), name=str(path), instance=instance, default_ts=ts)
             engine, gpu = recs.engine_samples, recs.gpu_samples
@@ -217,6 +221,39 @@ def ingest_metrics(
         store_samples(store, report, engine, gpu)
 
     return _each_file(store, report, files, "metrics", handle)
+
+
+#: Name prefixes of the router's families (slokit.sources.router_metrics).
+_ROUTER_PREFIXES = (b"llm_d_epp_", b"inference_pool_", b"inference_objective_",
+                    b"inference_extension_", b"inference_model_")  # fmt: skip
+
+
+def _router_samples(path: Path, instance: str | None, default_ts: float) -> list[RouterSample]:
+    """A saved scrape of the gateway router (llm-d router / Inference Extension EPP),
+    recognised by its families; samples with timestamps are grouped by them."""
+    from slokit.sources.exposition import MetricFamily, parse_exposition
+    from slokit.sources.router_metrics import is_router_exposition, router_samples_from_families
+
+    data = _read(path)
+    if not any(p in data for p in _ROUTER_PREFIXES):  # most files: vLLM or DCGM, not parsed twice
+        return []
+    families = parse_exposition(data)
+    if not is_router_exposition(families):
+        return []
+    by_ts: dict[float, list[MetricFamily]] = {}
+    for fam in families:
+        for sample in fam.samples:
+            at = sample.timestamp if sample.timestamp is not None else default_ts
+            group = by_ts.setdefault(at, [])
+            if not group or group[-1].name != fam.name:
+                group.append(MetricFamily(fam.name, fam.type, fam.help))
+            group[-1].samples.append(sample)
+    router = instance or path.stem
+    return [
+        s
+        for at, fams in sorted(by_ts.items())
+        for s in router_samples_from_families(fams, ts=at, router=router)
+    ]
 
 
 class _Misbucketed(Exception):

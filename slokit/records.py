@@ -65,6 +65,9 @@ class RequestFragment:
     http_status: int | None = None
     error_type: str | None = None
     quality_pass: bool | None = None
+    #: The router's routing decision time (its scheduling span, e.g. llm-d's
+    #: ``pick_endpoints``): a fact of the gateway's fragment, not a column of ``requests``.
+    gateway_routing_s: float | None = None
 
 
 FRAGMENT_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RequestFragment))
@@ -115,6 +118,40 @@ class EngineSample:
     spec_decode_accepted_tokens_total: float | None = None
     num_gpu_blocks: float | None = None
     block_size: float | None = None
+    histograms: dict[str, HistogramSnapshot] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RouterSample:
+    """The state of one gateway router (llm-d router / Gateway API Inference Extension endpoint
+    picker) at one scrape, for one InferencePool and one model (``model`` None: the pool's own
+    gauges). Counters are raw cumulative values, summed over the labels not kept here
+    (``target_model_name``, ``fairness_id``, ``priority``); see
+    :mod:`slokit.sources.router_metrics` for the metric names."""
+
+    ts: float
+    router: str
+    pool: str | None = None
+    model: str | None = None
+    #: Requests held in the router's flow-control queue (summed over fairness and priority).
+    flow_queue_size: float | None = None
+    flow_queue_bytes: float | None = None
+    #: The pool's saturation as flow control gates on it (stage ``effective``; 1.0 = set point).
+    pool_saturation: float | None = None
+    #: The pool's averages over its model servers, as the router sees them.
+    avg_kv_usage_ratio: float | None = None
+    avg_queue_size: float | None = None
+    avg_running: float | None = None
+    ready_endpoints: float | None = None
+    #: Requests in flight through the router.
+    running: float | None = None
+    requests_total: float | None = None
+    errors_total: float | None = None
+    #: Counter ``request_error_total`` by ``error_code`` (``ResourceExhausted``...).
+    errors_by_code: dict[str, float] = field(default_factory=dict)
+    #: Counter ``flow_control_requests_total`` by ``outcome`` (``Dispatched``,
+    #: ``RejectedCapacity``, ``EvictedTTL``...).
+    flow_outcomes: dict[str, float] = field(default_factory=dict)
     histograms: dict[str, HistogramSnapshot] = field(default_factory=dict)
 
 

@@ -156,6 +156,9 @@ def run_diagnosis(
         "withheld": {r: s["reason"] for r, s in status.items() if s["status"] == "withheld"},
         "failed": {r: s["reason"] for r, s in status.items() if s["status"] == "failed"},
     }
+    unjoined = getattr(reader, "unjoined", None)  # LocalReader: spans joined by trace id
+    if unjoined is not None and (spans := unjoined(start, end)):
+        coverage["unjoined_spans"] = spans
     if reader.basis == "histograms":
         _histogram_coverage(coverage, status, selected)
     return Diagnosis(window, findings, coverage, start, end, linked.root_causes)

@@ -81,6 +81,11 @@ class SidecarMetrics:
             "slokit_spans_rejected_total", "Spans rejected (partial_success).", ["reason"],
             registry=r,
         )  # fmt: skip
+        self.spans_unjoined = Counter(
+            "slokit_spans_unjoined_total",
+            "Gateway spans without a request id that never joined a request by trace id "
+            "(reason: expired, overflow, no_trace_id).", ["reason"], registry=r,
+        )  # fmt: skip
         self.otlp_requests = Counter(
             "slokit_otlp_requests_total", "OTLP export requests by response code.",
             ["protocol", "code"], registry=r,

@@ -336,7 +336,9 @@ class Writer:
         s = self.store
         if kind == "fragments":
             frags: list[RequestFragment] = records
-            s.append_fragments(frags)
+            result = s.append_fragments(frags)
+            for reason, n in result.unjoined.items():  # spans that can no longer join
+                self.metrics.spans_unjoined.labels(reason=reason).inc(n)
         elif kind == "engine":
             engine: list[EngineSample] = records
             s.append_engine_samples(engine)

@@ -5,9 +5,14 @@ become fragments:
 
 - vLLM's ``llm_request`` span (scope ``vllm.tracing.otel``): every ``gen_ai.latency.*`` and
   ``gen_ai.usage.*`` attribute; start time = arrival.
-- gateway spans (kind SERVER) and client spans (kind CLIENT) that name a request id through
-  ``slokit.request_id``, ``http.request.header.x-request-id`` or ``gen_ai.response.id``, with
-  http.* and current gen_ai.* names (``gen_ai.usage.input_tokens``...).
+- gateway spans (kind SERVER) and client spans (kind CLIENT) that name a request id
+  (:data:`_REQUEST_ID_ATTRS`: ``slokit.request_id``, ``http.request.header.x-request-id``,
+  Envoy's ``guid:x-request-id``, ``gen_ai.response.id``...), with http.* and current gen_ai.*
+  names (``gen_ai.usage.input_tokens``...). A gateway span that names none but looks like a
+  gateway's (llm-d's ``gateway.request``, Envoy's ``upstream_cluster``...) joins the request
+  of its trace id in the store (``request_id`` :data:`TRACE_ONLY_ID`). A gateway fragment's
+  replica is the upstream engine the span names, never the gateway's own pod.
+- a router's routing decision span (llm-d's ``pick_endpoints``): ``gateway_routing_s``.
 
 Everything else (vLLM start-up spans, unrelated spans) is skipped, not rejected. Spans with an
 empty or malformed trace id, an ``llm_request`` without a request id, a request id that is
@@ -46,6 +51,7 @@ from slokit.sources.validate import (
     int_problem,
     timestamp_problem,
 )
+from slokit.store._trace_join import TRACE_ONLY_ID
 
 #: Resource attributes that name the replica, most specific first.
 REPLICA_ATTRIBUTES = ("k8s.pod.name", "service.instance.id", "host.name")
@@ -110,12 +116,45 @@ _INT_FIELDS = frozenset(_INT_LIMITS)
 _FLOAT_FIELDS = frozenset({"client_ttft_s"})
 _DURATION_FIELDS = frozenset(f for f in _VLLM_ATTRS.values() if f.endswith("_s"))
 
+#: Span attributes that name the request id, first found wins. Envoy tags its spans with
+#: ``guid:x-request-id`` (envoyproxy/envoy, Tracing::Tags GuidXRequestId, for every tracer
+#: including OpenTelemetry); OpenTelemetry's HTTP conventions capture a header as
+#: ``http.request.header.<name>`` (a list of strings); the rest are common spellings.
 _REQUEST_ID_ATTRS = (
     "slokit.request_id",
     "http.request.header.x-request-id",
+    "http.request.header.x_request_id",
+    "guid:x-request-id",
+    "x-request-id",
+    "x_request_id",
+    "request_id",
     "gen_ai.request.id",
     "gen_ai.response.id",
 )
+
+#: Attributes of a gateway span naming the upstream engine it sent the request to, first
+#: found wins (Envoy: ``upstream_address``, host:port; the port is dropped). Never the
+#: gateway's own pod (its resource): a request the gateway answered itself has no replica.
+_UPSTREAM_ATTRS = (
+    "slokit.replica",
+    "upstream.pod.name",
+    "upstream_address",
+    "upstream.address",
+    "net.peer.name",
+)
+
+#: Span names of a router's routing decision (llm-d's endpoint picker: ``pick_endpoints``
+#: under ``gateway.request``, and its ``gateway.scheduling.*`` plugin spans): their duration
+#: is the request's ``gateway_routing_s``.
+_ROUTING_SPANS = frozenset(
+    {"pick_endpoints", "gateway.scheduling", "gateway.request_orchestration"}
+)
+
+#: Without a request id, a span joins its request by trace id only when it looks like a
+#: gateway's: the llm-d router's root span, or an attribute Envoy (or a gen_ai-aware proxy)
+#: sets. Other spans (health checks, an instrumented API server) are skipped as before.
+_GATEWAY_SPAN_NAMES = frozenset({"gateway.request"})
+_GATEWAY_MARKERS = ("upstream_cluster", "upstream_address", "upstream.address", "response_flags")
 
 
 @dataclass
@@ -329,6 +368,8 @@ def decode_message(
                 try:
                     if span.name == "llm_request":
                         _vllm_span(span, replica, out, frags, now_s)
+                    elif span.name in _ROUTING_SPANS or span.name.startswith("gateway.scheduling."):
+                        _routing_span(span, out, frags, now_s)
                     elif span.kind in (_SPAN_KIND_SERVER, _SPAN_KIND_CLIENT):
                         _http_span(span, replica, out, frags, now_s)
                     else:
@@ -428,22 +469,20 @@ def _http_span(
     span: Any, replica: str | None, out: DecodedTraces, frags: list[RequestFragment], now: float
 ) -> None:
     attrs = {kv.key: _any_value(kv.value) for kv in span.attributes}
-    raw_id = None
-    for key in _REQUEST_ID_ATTRS:
-        v = attrs.get(key)
-        if isinstance(v, list):
-            v = v[0] if v else None
-        if v:
-            raw_id = str(v)
-            break
+    raw_id = _first_string(attrs, _REQUEST_ID_ATTRS)
+    trace_ok = len(span.trace_id) == 16 and span.trace_id != _ZERO_TRACE
     if raw_id is None:
-        out.skipped += 1
-        return
-    trace_id = span.trace_id
-    if len(trace_id) != 16 or trace_id == b"\0" * 16:
+        if not _joins_by_trace(span, attrs):
+            out.skipped += 1
+            return
+        # No id: it joins the request of its trace (slokit.store._trace_join); without a
+        # trace id it never can, and the store counts it as unjoined (no_trace_id).
+        request_id = TRACE_ONLY_ID
+    elif not trace_ok:
         out.reject("empty or malformed trace id")
         return
-    request_id = checked_request_id(raw_id)
+    else:
+        request_id = checked_request_id(raw_id)
     values: dict[str, Any] = {}
     for key, fname in _HTTP_ATTRS.items():
         if key in attrs and values.get(fname) is None:
@@ -480,11 +519,70 @@ def _http_span(
             request_id=request_id,
             source=source,
             fragment_id=f"{source}:{span.span_id.hex()}",
-            trace_id=trace_id.hex(),
-            replica=replica if source == "gateway" else None,
+            trace_id=span.trace_id.hex() if trace_ok else None,
+            replica=_upstream(attrs) if source == "gateway" else None,
             arrival_ts=start_s,
             status=status,
             **values,
+        )
+    )
+
+
+def _first_string(attrs: dict[str, Any], keys: tuple[str, ...]) -> str | None:
+    """The first non-empty value of ``keys`` (the first item of a list), as a string."""
+    for key in keys:
+        v = attrs.get(key)
+        if isinstance(v, list):
+            v = v[0] if v else None
+        if v:
+            return str(v)
+    return None
+
+
+def _joins_by_trace(span: Any, attrs: dict[str, Any]) -> bool:
+    """Whether a span without a request id is a gateway's (or an LLM client's), worth joining
+    to its request by trace id."""
+    if span.name in _GATEWAY_SPAN_NAMES or any(k.startswith("gen_ai.") for k in attrs):
+        return True
+    return span.kind == _SPAN_KIND_SERVER and (
+        any(k in attrs for k in _GATEWAY_MARKERS) or attrs.get("component") == "proxy"
+    )
+
+
+def _upstream(attrs: dict[str, Any]) -> str | None:
+    """The upstream engine a gateway span names (host:port without the port), else None."""
+    name = _first_string(attrs, _UPSTREAM_ATTRS)
+    if name is None:
+        return None
+    host, sep, port = name.rpartition(":")
+    if sep and port.isdigit() and host and not host.endswith(":"):
+        name = host.strip("[]")
+    return name[:253] or None
+
+
+def _routing_span(span: Any, out: DecodedTraces, frags: list[RequestFragment], now: float) -> None:
+    """A router's routing decision span: a gateway fragment holding only its duration,
+    joined to the request by id when it names one, else by trace id."""
+    attrs = {kv.key: _any_value(kv.value) for kv in span.attributes}
+    raw_id = _first_string(attrs, _REQUEST_ID_ATTRS)
+    trace_ok = len(span.trace_id) == 16 and span.trace_id != _ZERO_TRACE
+    if raw_id is not None and not trace_ok:
+        out.reject("empty or malformed trace id")
+        return
+    _start_s(span, now)  # rejects an implausible start
+    if not (span.end_time_unix_nano and span.start_time_unix_nano):
+        out.skipped += 1
+        return
+    dur = (span.end_time_unix_nano - span.start_time_unix_nano) / 1e9
+    if why := duration_problem(dur):
+        raise _Rejected("span end before its start" if dur < 0 else f"span duration {why}")
+    frags.append(
+        RequestFragment(
+            request_id=TRACE_ONLY_ID if raw_id is None else checked_request_id(raw_id),
+            source="gateway",
+            fragment_id=f"gateway:{span.span_id.hex()}",
+            trace_id=span.trace_id.hex() if trace_ok else None,
+            gateway_routing_s=dur,
         )
     )
 

@@ -22,7 +22,7 @@ the insert itself).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +32,14 @@ import pyarrow.compute as pc
 
 from slokit.errors import BadInput
 from slokit.records import FRAGMENT_FIELDS, EngineSample, RequestFragment
-from slokit.store.merge import MERGED_FIELDS, merge_batch, merge_sql, sql_string_list
+from slokit.store import _trace_join
+from slokit.store.merge import (
+    FRAGMENT_ONLY_FIELDS,
+    MERGED_FIELDS,
+    merge_batch,
+    merge_sql,
+    sql_string_list,
+)
 
 if TYPE_CHECKING:
     from slokit.store.db import Store
@@ -67,7 +74,7 @@ for _name in FRAGMENT_FIELDS:
 
 _KEYS = ("fragment_id", "request_id", "source")
 #: ``request_fragments``'s columns in the table's order.
-FRAGMENT_TABLE_COLUMNS = [*_KEYS, "ingested_at", *MERGED_FIELDS]
+FRAGMENT_TABLE_COLUMNS = [*_KEYS, "ingested_at", *MERGED_FIELDS, *FRAGMENT_ONLY_FIELDS]
 _SELECT_FRAGMENTS = f"SELECT {', '.join(FRAGMENT_FIELDS)} FROM request_fragments"
 _SELECT_FRAGMENT_ID = "SELECT fragment_id FROM request_fragments"
 #: After a batch met stored fragments, this many batches take the checked path (a stream of
@@ -81,6 +88,9 @@ class AppendResult:
     received: int
     new: int
     requests_touched: int
+    #: Fragments that can no longer join a request by trace id, by reason
+    #: (:mod:`slokit.store._trace_join`).
+    unjoined: dict[str, int] = field(default_factory=dict)
 
 
 def run(con: duckdb.DuckDBPyConnection, sql: str, params: Any = None) -> list[Any]:
@@ -138,13 +148,28 @@ def append_fragment_table(store: Store, table: pa.Table) -> AppendResult:
     for key in _KEYS:
         if table.column(key).null_count:
             raise BadInput(f"request fragments: {table.column(key).null_count} without {key}")
-    touched = pc.count_distinct(table.column("request_id")).as_py()
     batch = _first_per_fragment_id(table.select(list(FRAGMENT_FIELDS)))
     try:
-        return _append(store, batch, n, touched)
+        with store._lock:
+            return _append_joined(store, batch, n)
     except pa.ArrowInvalid as exc:  # a latency that is NaN or too big to add to a timestamp
         why = str(exc) if len(str(exc)) <= 120 else str(exc)[:120] + "..."
         raise BadInput(f"request fragments: a value out of range: {why}") from None
+
+
+def _append_joined(store: Store, batch: pa.Table, n: int) -> AppendResult:
+    """Append ``batch`` with the fragments that join it by trace id (see
+    :mod:`slokit.store._trace_join`), then settle those still waiting."""
+    batch, trace_only = _trace_join.split(batch)
+    res = _trace_join.resolve(store, batch, trace_only)
+    if res.joined is not None:
+        batch = pa.concat_tables([batch, res.joined.cast(batch.schema)])
+    touched = pc.count_distinct(batch.column("request_id")).as_py() if batch.num_rows else 0
+    result = _append(store, batch, n, touched) if batch.num_rows else AppendResult(n, 0, 0)
+    unjoined = _trace_join.settle(store, res, _insert_fragments)
+    if res.waiting is not None:  # waiting fragments are stored, in the pending table
+        result = AppendResult(n, result.new + res.waiting.num_rows, touched)
+    return AppendResult(result.received, result.new, result.requests_touched, unjoined)
 
 
 def _append(store: Store, batch: pa.Table, n: int, touched: int) -> AppendResult:
@@ -211,15 +236,21 @@ def _append_checked(
     return new, found
 
 
-def _insert_fragments(con: duckdb.DuckDBPyConnection, batch: pa.Table, now: float) -> int:
+def _insert_fragments(
+    con: duckdb.DuckDBPyConnection,
+    batch: pa.Table,
+    now: float,
+    table: str = "request_fragments",
+) -> int:
+    """Append ``batch`` to ``table`` (``request_fragments`` or the trace join's pending
+    table, which has the same columns)."""
     ingested = pa.array([int(now * 1_000_000)] * batch.num_rows, pa.int64()).cast(TS)
+    rest = [*MERGED_FIELDS, *FRAGMENT_ONLY_FIELDS]
     slokit_rows = pa.table(  # noqa: F841 - DuckDB reads it by name
-        [*batch.select(_KEYS).columns, ingested, *batch.select(MERGED_FIELDS).columns],
+        [*batch.select(_KEYS).columns, ingested, *batch.select(rest).columns],
         names=FRAGMENT_TABLE_COLUMNS,
     )
-    return int(
-        con.execute("INSERT INTO request_fragments SELECT * FROM slokit_rows").fetchall()[0][0]
-    )
+    return int(con.execute(f"INSERT INTO {table} SELECT * FROM slokit_rows").fetchall()[0][0])
 
 
 def _insert_requests(con: duckdb.DuckDBPyConnection, slokit_merged: pa.Table) -> None:
@@ -294,6 +325,9 @@ ENGINE_SCALARS = (
     "num_gpu_blocks", "block_size",
 )  # fmt: skip
 
+#: EngineSample dicts stored as ``MAP(VARCHAR, DOUBLE)`` columns of the same name.
+ENGINE_MAPS = ("request_success_by_reason", "waiting_by_reason", "prompt_tokens_by_source")
+
 HISTOGRAM_TYPE = pa.list_(
     pa.struct(
         [
@@ -330,10 +364,10 @@ def engine_table(samples: Sequence[EngineSample]) -> pa.Table:
     }
     for name in ENGINE_SCALARS:
         cols[name] = pa.array([getattr(s, name) for s in samples], pa.float64())
-    cols["request_success_by_reason"] = pa.array(
-        [list(s.request_success_by_reason.items()) for s in samples],
-        pa.map_(pa.string(), pa.float64()),
-    )
+    for name in ENGINE_MAPS:
+        cols[name] = pa.array(
+            [list(getattr(s, name).items()) for s in samples], pa.map_(pa.string(), pa.float64())
+        )
     cols["histograms"] = pa.array([_histograms(s) for s in samples], HISTOGRAM_TYPE)
     return pa.table(cols)
 
@@ -346,10 +380,11 @@ _ENGINE_COLUMNS = ("ts", "replica", "model", "engine", *ENGINE_SCALARS)
 _ENGINE_ROW = (
     "(to_timestamp(0) + to_microseconds(?), "
     + ", ".join("?" for _ in _ENGINE_COLUMNS[1:])
-    + ", ?, ?)"
+    + ", ?" * (len(ENGINE_MAPS) + 1)
+    + ")"
 )
 _ENGINE_INSERT = (
-    f"INSERT INTO engine_samples ({', '.join(_ENGINE_COLUMNS)}, request_success_by_reason, "
+    f"INSERT INTO engine_samples ({', '.join(_ENGINE_COLUMNS)}, {', '.join(ENGINE_MAPS)}, "
     "histograms) VALUES "
 )
 
@@ -362,7 +397,8 @@ def append_engine_samples(store: Store, samples: Sequence[EngineSample]) -> int:
     for s in samples:
         params.append(int(s.ts * 1_000_000))
         params += [getattr(s, c) for c in _ENGINE_COLUMNS[1:]]
-        params += [s.request_success_by_reason, _histograms(s)]
+        params += [getattr(s, name) for name in ENGINE_MAPS]
+        params.append(_histograms(s))
     sql = _ENGINE_INSERT + ", ".join([_ENGINE_ROW] * len(samples))
     with store.transaction() as con:
         run(con, sql, params)

@@ -26,8 +26,10 @@ from slokit.records import (
     Finding,
     GpuSample,
     RequestFragment,
+    RouterSample,
     ScrapeResult,
 )
+from slokit.store import _router
 from slokit.store import append as _append
 from slokit.store.append import AppendResult, ts_array
 from slokit.store.faults import (
@@ -199,6 +201,12 @@ class Store:
         if not samples:
             return 0
         return _append.append_engine_samples(self, samples)
+
+    def append_router_samples(self, samples: Sequence[RouterSample]) -> int:
+        """One row per (router, pool, model) sample, its histograms in the row."""
+        if not samples:
+            return 0
+        return _router.append_router_samples(self, samples)
 
     def append_gpu_samples(self, samples: Sequence[GpuSample]) -> int:
         if not samples:

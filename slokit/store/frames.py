@@ -305,3 +305,67 @@ def gpu_buckets(
         """,
         [origin, bucket_s, busy_util, origin, until],
     )
+
+
+#: ``router_samples``' counters whose increase per bucket ``router_buckets`` reports.
+_ROUTER_COUNTERS: tuple[tuple[str, str], ...] = (
+    ("requests_total", "requests"),
+    ("errors_total", "errors"),
+    ("errors_by_code['ResourceExhausted']", "rejected"),
+)
+
+
+def router_buckets(
+    con: duckdb.DuckDBPyConnection, origin: float, until: float, bucket_s: float
+) -> pd.DataFrame:
+    """The gateway router's state per ``(replica, bucket)`` (``replica``: the router's name):
+    its flow-control queue (summed over pools and models per scrape; mean and peak), the pool
+    saturation it gates on and the pool averages it reports (KV usage, engine queue), and
+    request, error and ``ResourceExhausted`` increases (a decrease is a reset). Empty where the
+    store has no ``router_samples`` table (a lake exported before routers were scraped)."""
+    exists = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'router_samples'"
+    ).fetchone()
+    if not exists or not exists[0]:
+        return _df(con, "SELECT NULL::VARCHAR AS replica, NULL::BIGINT AS bucket WHERE false", [])
+    sane = ", ".join(
+        f"{_sane(c, *(_COUNT if c != 'avg_kv_usage_ratio' else (0.0, MAX_RATIO)))} AS {c}"
+        for c in ("flow_queue_size", "pool_saturation", "avg_kv_usage_ratio", "avg_queue_size",
+                  "running")
+    )  # fmt: skip
+    counters = ", ".join(f"{_sane(c, *_COUNT)} AS c_{n}" for c, n in _ROUTER_COUNTERS)
+    deltas = ",\n".join(
+        f"CASE WHEN lag(c_{n} IGNORE NULLS) OVER w IS NULL OR c_{n} IS NULL THEN NULL "
+        f"WHEN c_{n} < lag(c_{n} IGNORE NULLS) OVER w THEN c_{n} "
+        f"ELSE c_{n} - lag(c_{n} IGNORE NULLS) OVER w END AS d_{n}"
+        for _, n in _ROUTER_COUNTERS
+    )
+    sums_ts = ", ".join(f"sum(d_{n}) AS d_{n}" for _, n in _ROUTER_COUNTERS)
+    sums = ", ".join(f"sum(d_{n}) AS {n}" for _, n in _ROUTER_COUNTERS)
+    return _df(
+        con,
+        f"""
+        WITH pts AS (
+            SELECT router AS replica, coalesce(pool, '') AS pool, coalesce(model, '') AS model,
+                   epoch(ts) AS t, {sane}, {counters}
+            FROM router_samples
+            WHERE ts >= to_timestamp(?) AND ts < to_timestamp(?)
+        ), d AS (
+            SELECT *, {deltas} FROM pts
+            WINDOW w AS (PARTITION BY replica, pool, model ORDER BY t)
+        ), per_ts AS (
+            SELECT replica, t, sum(flow_queue_size) AS queue, max(pool_saturation) AS sat,
+                   avg(avg_kv_usage_ratio) AS pool_kv, avg(avg_queue_size) AS pool_queue,
+                   sum(running) AS running, {sums_ts}
+            FROM d WHERE t >= ? GROUP BY replica, t
+        )
+        SELECT replica, CAST(floor((t - ?) / ?) AS BIGINT) AS bucket,
+               count(*) AS samples, avg(queue) AS queue_mean, max(queue) AS queue_max,
+               avg(sat) AS saturation_mean, max(sat) AS saturation_max,
+               avg(pool_kv) AS pool_kv_mean, avg(pool_queue) AS pool_queue_mean,
+               avg(running) AS running_mean, {sums},
+               min(t) AS first_t, max(t) AS last_t
+        FROM per_ts GROUP BY ALL ORDER BY replica, bucket
+        """,
+        [origin - 3 * bucket_s, until, origin, origin, bucket_s],
+    )

@@ -32,9 +32,13 @@ _DEFAULT_ORDER = ("vllm", "gateway", "client", "quality")
 _OUTCOME_ORDER = ("client", "gateway", "vllm", "quality")
 _OUTCOME_FIELDS = frozenset({"status", "http_status", "error_type"})
 
+#: Fragment facts kept in ``request_fragments`` only (read per fragment, never merged).
+FRAGMENT_ONLY_FIELDS: tuple[str, ...] = ("gateway_routing_s",)
 #: Columns of ``requests`` that come from fragments (everything but the key and bookkeeping).
 MERGED_FIELDS: tuple[str, ...] = tuple(
-    f for f in FRAGMENT_FIELDS if f not in ("request_id", "source", "fragment_id")
+    f
+    for f in FRAGMENT_FIELDS
+    if f not in ("request_id", "source", "fragment_id", *FRAGMENT_ONLY_FIELDS)
 )
 _DEFAULT_FIELDS = tuple(f for f in MERGED_FIELDS if f not in _OUTCOME_FIELDS)
 _OUTCOME_FIELDS_ORDERED = tuple(f for f in MERGED_FIELDS if f in _OUTCOME_FIELDS)

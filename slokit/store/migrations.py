@@ -199,6 +199,66 @@ SELECT ts, replica, model, h.metric AS metric, h.upper_bounds AS upper_bounds,
 FROM (SELECT ts, replica, model, unnest(histograms) AS h FROM engine_samples);
 """,
     ),
+    Migration(
+        4,
+        "engine samples: waiting by reason, prompt tokens by source",
+        # vLLM's num_requests_waiting_by_reason{reason} and prompt_tokens_by_source{source},
+        # kept per label value as request_success_by_reason is.
+        """
+ALTER TABLE engine_samples ADD COLUMN waiting_by_reason MAP(VARCHAR, DOUBLE);
+ALTER TABLE engine_samples ADD COLUMN prompt_tokens_by_source MAP(VARCHAR, DOUBLE);
+""",
+    ),
+    Migration(
+        5,
+        "gateway spans joined by trace id",
+        # A gateway span that names no request id waits in pending_trace_fragments (the
+        # columns of request_fragments) until a fragment of its trace arrives, bounded in age
+        # and count (slokit.store._trace_join); those that never join are counted by reason in
+        # unjoined_spans. gateway_routing_s (the router's scheduling span) stays a fragment
+        # fact: requests does not change. The trace id index finds a trace's request.
+        """
+ALTER TABLE request_fragments ADD COLUMN gateway_routing_s DOUBLE;
+CREATE INDEX request_fragments_trace_id ON request_fragments (trace_id);
+CREATE TABLE pending_trace_fragments AS SELECT * FROM request_fragments WHERE false;
+CREATE TABLE unjoined_spans (
+    ts TIMESTAMPTZ NOT NULL,
+    reason VARCHAR NOT NULL,
+    count BIGINT NOT NULL
+);
+""",
+    ),
+    Migration(
+        6,
+        "router samples",
+        # The gateway router's state per scrape (slokit.sources.router_metrics): one row per
+        # (router, pool, model); model NULL holds the pool's own gauges. Counters are raw
+        # cumulative values, histograms in the row as engine_samples keeps them.
+        """
+CREATE TABLE router_samples (
+    ts TIMESTAMPTZ NOT NULL,
+    router VARCHAR NOT NULL,
+    pool VARCHAR,
+    model VARCHAR,
+    flow_queue_size DOUBLE,
+    flow_queue_bytes DOUBLE,
+    pool_saturation DOUBLE,
+    avg_kv_usage_ratio DOUBLE,
+    avg_queue_size DOUBLE,
+    avg_running DOUBLE,
+    ready_endpoints DOUBLE,
+    running DOUBLE,
+    requests_total DOUBLE,
+    errors_total DOUBLE,
+    errors_by_code MAP(VARCHAR, DOUBLE),
+    flow_outcomes MAP(VARCHAR, DOUBLE),
+    histograms STRUCT(
+        metric VARCHAR, upper_bounds DOUBLE[], cumulative_counts DOUBLE[], sum DOUBLE,
+        count DOUBLE
+    )[]
+);
+""",
+    ),
 )
 
 #: The newest schema this code knows; a file with a newer one is refused, not guessed at.

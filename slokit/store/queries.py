@@ -35,8 +35,39 @@ def get_request(con: duckdb.DuckDBPyConnection, request_id: str) -> dict[str, An
         )
         rec = _row_dict(cur)
         if rec is not None:
+            _add_routing(con, rec)
             return rec
     return None
+
+
+def _add_routing(con: duckdb.DuckDBPyConnection, rec: dict[str, Any]) -> None:
+    """``gateway_routing_s`` (a fragment fact, not a ``requests`` column) into a gateway's
+    record, when a router reported it; a store without fragments (a lake) has none."""
+    if "gateway" not in (rec.get("sources") or ()):
+        return
+    try:
+        rows = con.execute(
+            "SELECT max(gateway_routing_s) FROM request_fragments WHERE request_id = ?",
+            [rec["request_id"]],
+        ).fetchall()
+    except duckdb.CatalogException:
+        return
+    if rows and rows[0][0] is not None:
+        rec["gateway_routing_s"] = float(rows[0][0])
+
+
+def unjoined(
+    con: duckdb.DuckDBPyConnection, since: float | None, until: float | None
+) -> dict[str, int]:
+    """Spans that never joined a request by trace id, by reason, dropped in ``[since,
+    until)`` (slokit.store._trace_join); empty for a store without the table."""
+    where, params = _between("ts", since, until)
+    sql = f"SELECT reason, sum(count) FROM unjoined_spans WHERE {where} GROUP BY 1 ORDER BY 1"
+    try:
+        rows = con.execute(sql, params).fetchall()
+    except duckdb.CatalogException:
+        return {}
+    return {str(r): int(n) for r, n in rows}
 
 
 def percentile_ranks(
@@ -249,6 +280,51 @@ def load_records(
     )
     names = [d[0] for d in cur.description or []]
     return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+#: Where the next page of :func:`requests_page` starts: after the record with this arrival
+#: (epoch microseconds; None among the records with no arrival) and this request id.
+PageKey = tuple[int | None, str]
+
+
+def requests_page(
+    con: duckdb.DuckDBPyConnection,
+    since: float | None,
+    until: float | None,
+    after: PageKey | None,
+    limit: int,
+) -> tuple[list[dict[str, Any]], PageKey | None]:
+    """One page of :func:`load_records`: the same records in the same order (arrival, then
+    id; records with no arrival last, only when the window is open at both ends), at most
+    ``limit`` after ``after``, and the key of the next page (None: this was the last)."""
+    cols = (
+        ", ".join(_RECORD_COLUMNS)
+        + ", "
+        + ", ".join(f"epoch({c}) AS {c}" for c in _RECORD_TS_COLUMNS)
+    )
+    where, params = _between("arrival_ts", since, until, closed=False)
+    if after is not None:
+        at, rid = after
+        if at is None:
+            where += " AND arrival_ts IS NULL AND request_id > ?"
+            params.append(rid)
+        else:
+            where += (
+                " AND (epoch_us(arrival_ts) > ? OR (epoch_us(arrival_ts) = ? AND request_id > ?)"
+                " OR arrival_ts IS NULL)"
+            )
+            params += [at, at, rid]
+    cur = con.execute(
+        f"SELECT {cols}, epoch_us(arrival_ts) AS _arrival_us FROM requests WHERE {where} "
+        "ORDER BY arrival_ts NULLS LAST, request_id LIMIT ?",
+        [*params, limit + 1],
+    )
+    names = [d[0] for d in cur.description or []]
+    rows = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+    more = len(rows) > limit
+    rows = rows[:limit]
+    keys = [(r.pop("_arrival_us"), r["request_id"]) for r in rows]
+    return rows, (keys[-1] if more else None)
 
 
 def energy_increase(

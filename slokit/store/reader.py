@@ -15,12 +15,13 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from slokit.store import frames, gaps, queries
+from slokit.store.queries import PageKey
 
 if TYPE_CHECKING:  # pandas and duckdb are imported by the modules that run the queries
     import duckdb
     import pandas as pd
 
-__all__ = ["LocalReader", "Reader"]
+__all__ = ["LocalReader", "Reader", "RouterReader"]
 
 
 @runtime_checkable
@@ -46,6 +47,13 @@ class Reader(Protocol):
 
     def requests(self, since: float | None, until: float | None) -> list[dict[str, Any]]:
         """Merged records arriving in ``[since, until)``, oldest first."""
+        ...
+
+    def requests_page(
+        self, since: float | None, until: float | None, after: PageKey | None, limit: int
+    ) -> tuple[list[dict[str, Any]], PageKey | None]:
+        """One page of :meth:`requests` (same order) after the key ``after``, at most
+        ``limit`` records, and the key of the next page (None: the last page)."""
         ...
 
     def peer_count(self, since: float, until: float, slo_class: str | None) -> int:
@@ -144,6 +152,18 @@ class Reader(Protocol):
         ...
 
 
+@runtime_checkable
+class RouterReader(Protocol):
+    """A reader that also knows the gateway router's series (``router_samples``). Apart from
+    :class:`Reader` so that backends without router series (Prometheus, a sidecar's API) stay
+    readers: the diagnosis asks :meth:`router_buckets` only of a reader that has it."""
+
+    def router_buckets(self, origin: float, until: float, bucket_s: float) -> pd.DataFrame:
+        """The router's flow-control queue, pool saturation, pool averages and request and
+        error increases per ``(replica, bucket)``, ``replica`` being the router's name."""
+        ...
+
+
 class LocalReader:
     """:class:`Reader` over a slokit DuckDB connection (or cursor)."""
 
@@ -160,6 +180,11 @@ class LocalReader:
 
     def requests(self, since: float | None, until: float | None) -> list[dict[str, Any]]:
         return queries.load_records(self.con, since, until)
+
+    def requests_page(
+        self, since: float | None, until: float | None, after: PageKey | None, limit: int
+    ) -> tuple[list[dict[str, Any]], PageKey | None]:
+        return queries.requests_page(self.con, since, until, after, limit)
 
     def peer_count(self, since: float, until: float, slo_class: str | None) -> int:
         return queries.peer_count(self.con, since, until, slo_class)
@@ -198,6 +223,9 @@ class LocalReader:
         self, origin: float, until: float, bucket_s: float, busy_util: float
     ) -> pd.DataFrame:
         return frames.gpu_buckets(self.con, origin, until, bucket_s, busy_util)
+
+    def router_buckets(self, origin: float, until: float, bucket_s: float) -> pd.DataFrame:
+        return frames.router_buckets(self.con, origin, until, bucket_s)
 
     def engine_window(self, replica: str, since: float, until: float) -> list[dict[str, Any]]:
         return queries.engine_window(self.con, replica, since, until)
@@ -252,3 +280,9 @@ class LocalReader:
 
     def slowest_request(self, *, source: str = "vllm") -> str | None:
         return queries.slowest_request(self.con, source=source)
+
+    def unjoined(self, since: float | None, until: float | None) -> dict[str, int]:
+        """Gateway spans that never joined a request by trace id, by reason (``expired``,
+        ``overflow``, ``no_trace_id``), dropped in the window. Not part of :class:`Reader`:
+        only a store that joins spans knows them."""
+        return queries.unjoined(self.con, since, until)

@@ -11,23 +11,23 @@ scenario files say the same. ``R`` = must be reported, ``x`` = must not be repor
 ``.`` = either (a plausible companion finding, e.g. queueing past the knee). The ``mixed_``
 scenarios hold a cause and its consequences (their ranking: test_rca_accuracy.py).
 
-| scenario \\ rule            | queue | prefill | decode | kv | frontend | prefix | knee | throttle | xid | errors | spec | gap |
-|----------------------------|-------|---------|--------|----|----------|--------|------|----------|-----|--------|------|-----|
-| healthy                    |   x   |    x    |   x    | x  |    x     |   x    |  x   |    x     |  x  |   x    |  x   |  .  |
-| queue_saturation           |   R   |    x    |   x    | x  |    x     |   x    |  .   |    x     |  x  |   x    |  x   |  .  |
-| prefill_saturation         |   x   |    R    |   .    | x  |    x     |   x    |  .   |    x     |  x  |   x    |  x   |  .  |
-| decode_saturation          |   x   |    x    |   R    | x  |    x     |   x    |  .   |    x     |  x  |   x    |  x   |  .  |
-| kv_pressure                |   .   |    x    |   .    | R  |    x     |   x    |  .   |    x     |  x  |   x    |  x   |  .  |
-| frontend_bound             |   x   |    x    |   x    | x  |    R     |   x    |  .   |    x     |  x  |   x    |  x   |  .  |
-| prefix_affinity_loss       |   .   |    .    |   .    | x  |    x     |   R    |  .   |    x     |  x  |   x    |  x   |  .  |
-| beyond_knee                |   .   |    x    |   x    | x  |    x     |   x    |  R   |    x     |  x  |   x    |  x   |  .  |
-| gpu_throttle               |   .   |    .    |   .    | x  |    x     |   x    |  .   |    R     |  x  |   x    |  x   |  .  |
-| gpu_xid                    |   x   |    x    |   x    | x  |    x     |   x    |  .   |    x     |  R  |   .    |  x   |  .  |
-| error_burst                |   x   |    x    |   x    | x  |    x     |   x    |  .   |    x     |  x  |   R    |  x   |  .  |
-| spec_decode_low_acceptance |   x   |    x    |   .    | x  |    x     |   x    |  .   |    x     |  x  |   x    |  R   |  .  |
-| telemetry_gap              |   x   |    x    |   x    | x  |    x     |   x    |  .   |    x     |  x  |   x    |  x   |  R  |
-| mixed_kv_decode            |   .   |    x    |   .    | R  |    x     |   x    |  .   |    x     |  x  |   x    |  x   |  .  |
-| mixed_throttle_burst       |   .   |    .    |   .    | x  |    x     |   x    |  .   |    R     |  x  |   x    |  x   |  .  |
+| scenario \\ rule            | queue | prefill | decode | kv | frontend | prefix | knee | throttle | xid | errors | spec | gateway | gap |
+|----------------------------|-------|---------|--------|----|----------|--------|------|----------|-----|--------|------|---------|-----|
+| healthy                    |   x   |    x    |   x    | x  |    x     |   x    |  x   |    x     |  x  |   x    |  x   |    .    |  .  |
+| queue_saturation           |   R   |    x    |   x    | x  |    x     |   x    |  .   |    x     |  x  |   x    |  x   |    .    |  .  |
+| prefill_saturation         |   x   |    R    |   .    | x  |    x     |   x    |  .   |    x     |  x  |   x    |  x   |    .    |  .  |
+| decode_saturation          |   x   |    x    |   R    | x  |    x     |   x    |  .   |    x     |  x  |   x    |  x   |    .    |  .  |
+| kv_pressure                |   .   |    x    |   .    | R  |    x     |   x    |  .   |    x     |  x  |   x    |  x   |    .    |  .  |
+| frontend_bound             |   x   |    x    |   x    | x  |    R     |   x    |  .   |    x     |  x  |   x    |  x   |    .    |  .  |
+| prefix_affinity_loss       |   .   |    .    |   .    | x  |    x     |   R    |  .   |    x     |  x  |   x    |  x   |    .    |  .  |
+| beyond_knee                |   .   |    x    |   x    | x  |    x     |   x    |  R   |    x     |  x  |   x    |  x   |    .    |  .  |
+| gpu_throttle               |   .   |    .    |   .    | x  |    x     |   x    |  .   |    R     |  x  |   x    |  x   |    .    |  .  |
+| gpu_xid                    |   x   |    x    |   x    | x  |    x     |   x    |  .   |    x     |  R  |   .    |  x   |    .    |  .  |
+| error_burst                |   x   |    x    |   x    | x  |    x     |   x    |  .   |    x     |  x  |   R    |  x   |    .    |  .  |
+| spec_decode_low_acceptance |   x   |    x    |   .    | x  |    x     |   x    |  .   |    x     |  x  |   x    |  R   |    .    |  .  |
+| telemetry_gap              |   x   |    x    |   x    | x  |    x     |   x    |  .   |    x     |  x  |   x    |  x   |    .    |  R  |
+| mixed_kv_decode            |   .   |    x    |   .    | R  |    x     |   x    |  .   |    x     |  x  |   x    |  x   |    .    |  .  |
+| mixed_throttle_burst       |   .   |    .    |   .    | x  |    x     |   x    |  .   |    R     |  x  |   x    |  x   |    .    |  .  |
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ _COLUMNS = (
     "gpu_xid",
     "error_burst",
     "spec_decode_low_acceptance",
+    "gateway_queueing",
     "telemetry_gap",
 )
 

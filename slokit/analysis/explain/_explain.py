@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from slokit.analysis.explain._cause import cause, choose_runbook, is_unusual, root_cause
-from slokit.analysis.explain._components import components, dominant, timeline
+from slokit.analysis.explain._components import components, dominant, gateway_view, timeline
 from slokit.analysis.explain._context import gather
 from slokit.analysis.explain._model import Explanation, Tokens
 from slokit.analysis.explain._options import ExplainOptions
@@ -67,6 +67,7 @@ def explain(
         runbook=runbook,
         unknown=found.unknown,
         root_cause=root,
+        gateway=gateway_view(rec, comps),
     )
 
 

@@ -16,14 +16,16 @@ from slokit.analysis.explain._model_context import Context
 Dominant = Literal["queue", "prefill", "decode", "frontend", "preemption", "client", "unknown"]
 
 #: The components of the latency, in the order the document and the text list them.
-COMPONENTS: tuple[str, ...] = ("queue", "prefill", "decode", "frontend", "client")
+COMPONENTS: tuple[str, ...] = ("queue", "prefill", "decode", "frontend", "gateway", "client")
 
 
 @dataclass(frozen=True)
 class Components:
     """Where the time went. ``frontend_s`` is vLLM's E2E outside queue, prefill and decode
     (the API server: HTTP, tokenisation, detokenisation, streaming); ``client_s`` is what the
-    client waited beyond the server's E2E. None: not known from the data."""
+    client waited beyond the server's E2E (beyond the gateway's, when a gateway span says);
+    ``gateway_s`` is the gateway's own time, its E2E beyond the engine's. None: not known
+    from the data."""
 
     queue_s: float | None
     prefill_s: float | None
@@ -35,6 +37,7 @@ class Components:
     ttft_s: float | None
     client_ttft_s: float | None
     tpot_s: float | None
+    gateway_s: float | None = None
 
     def seconds(self, name: str) -> float | None:
         """The component ``name`` (one of :data:`COMPONENTS`) in seconds."""
@@ -59,6 +62,7 @@ class Components:
             "frontend_s": self.frontend_s,
             "other_s": self.frontend_s,  # the former name of frontend_s, kept as an alias
             "client_s": self.client_s,
+            "gateway_s": self.gateway_s,
             "e2e_s": self.e2e_s,
             "client_e2e_s": self.client_e2e_s,
             "ttft_s": self.ttft_s,
@@ -164,6 +168,22 @@ class Tokens:
 
 
 @dataclass(frozen=True)
+class GatewayView:
+    """What the gateway saw: the HTTP status and error the caller got, the gateway's E2E,
+    its own time (E2E beyond the engine's) and its routing decision (a router's scheduling
+    span). None: not known from the data."""
+
+    http_status: int | None
+    error_type: str | None
+    gateway_e2e_s: float | None
+    gateway_s: float | None
+    routing_s: float | None
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class Explanation:
     """One request explained: where its time went, how it compares, and why."""
 
@@ -185,6 +205,7 @@ class Explanation:
     runbook: str | None
     unknown: tuple[str, ...]
     root_cause: RootCause | None = None
+    gateway: GatewayView | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The explain document (docs/schema/explain.schema.json): JSON values only."""
@@ -195,6 +216,7 @@ class Explanation:
             "model": self.model,
             "slo_class": self.slo_class,
             "status": self.status,
+            "gateway": None if self.gateway is None else self.gateway.to_dict(),
             "sources": list(self.sources),
             "tokens": self.tokens.to_dict(),
             "timeline": [e.to_dict() for e in self.timeline],

@@ -1,7 +1,8 @@
 """Diagnostic rules, one module per rule id, registered by id.
 
 A rule is an object with ``id`` (a rule id of :data:`RULE_IDS`), ``needs`` (the sources it reads:
-``requests``, ``spans``, ``engine``, ``gpu``; see :mod:`._context`) and
+``requests``, ``spans``, ``engine``, ``gpu``; see :mod:`._context`; the optional
+``router`` is checked by the rule that reads it) and
 ``evaluate(ctx) -> list[Finding]``. Modules register their rule with :func:`register`;
 :func:`all_rules` imports every module named in :data:`RULE_IDS`, so the set of rules is
 explicit and each id has exactly one module (and one ``runbooks/<id>.md``).
@@ -34,6 +35,7 @@ RULE_IDS: tuple[str, ...] = (
     "gpu_xid",
     "error_burst",
     "spec_decode_low_acceptance",
+    "gateway_queueing",
     "telemetry_gap",
 )
 

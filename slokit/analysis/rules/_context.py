@@ -10,6 +10,9 @@ DataFrames keyed by ``(replica, bucket)``:
               counter increases per bucket with reset handling (a decrease is a reset, the
               increase across it is the new value), plus the number of resets.
 ``gpu``       GPU utilisation, SM clock (median while busy), power, temperature, last XID.
+``router``    the gateway router (llm-d router / Inference Extension EPP): its flow-control
+              queue, the pool saturation it gates on, the pool averages it reports, request
+              and error increases (empty when the reader has no router series).
 
 The **baseline** is what "normal" means for the relative rules: the data just before the
 window when there is enough of it (the replica's own recent history), otherwise the first
@@ -29,11 +32,15 @@ from typing import Any
 
 import pandas as pd
 
-from slokit.store.reader import Reader
+from slokit.store.reader import Reader, RouterReader
 
 #: Sources a rule may need. ``spans`` means requests carrying vLLM's own timing split
 #: (queue/prefill/decode from the ``llm_request`` span), not just client timings.
 SOURCES: tuple[str, ...] = ("requests", "spans", "engine", "gpu")
+#: Sources only some deployments have: ``router`` (a gateway router scraped in front of the
+#: engines). Their absence is no telemetry gap (``telemetry_gap`` checks :data:`SOURCES`):
+#: a rule that needs one finds it does not apply; coverage lists one only when present.
+OPTIONAL_SOURCES: tuple[str, ...] = ("router",)
 
 
 @dataclass(frozen=True)
@@ -115,6 +122,7 @@ class DiagnoseContext:
     engine: pd.DataFrame
     gpu: pd.DataFrame
     sources: dict[str, SourceInfo]
+    router: pd.DataFrame = field(default_factory=pd.DataFrame)
     notes: dict[str, list[str]] = field(default_factory=dict)
     withheld: dict[str, str] = field(default_factory=dict)  # rule id -> why (set by diagnose)
     cache: dict[str, Any] = field(default_factory=dict)  # results shared between rules
@@ -126,7 +134,8 @@ class DiagnoseContext:
         self.notes.setdefault(rule, []).append(text)
 
     def has(self, source: str) -> bool:
-        return self.sources[source].present
+        info = self.sources.get(source)
+        return info is not None and info.present
 
     def bucket_start(self, bucket: int | float) -> float:
         return self.origin + float(bucket) * self.options.bucket_s
@@ -187,7 +196,10 @@ def _sources(ctx: DiagnoseContext) -> dict[str, SourceInfo]:
         ("spans", ctx.requests, "n_timed"),
         ("engine", ctx.engine, "samples"),
         ("gpu", ctx.gpu, "samples"),
+        ("router", ctx.router, "samples"),
     ):
+        if name in OPTIONAL_SOURCES and frame.empty:
+            continue
         rows = frame[ctx.in_window(frame) & (frame[count] > 0)] if not frame.empty else frame
         if rows.empty:
             out[name] = SourceInfo(name)
@@ -244,6 +256,11 @@ def build_context(
         engine=reader.engine_buckets(origin, end, o.bucket_s, lookback),
         gpu=reader.gpu_buckets(origin, end, o.bucket_s, o.busy_util_ratio),
         sources={},
+        router=(
+            reader.router_buckets(origin, end, o.bucket_s)
+            if isinstance(reader, RouterReader)
+            else pd.DataFrame()
+        ),
     )
     ctx.sources = _sources(ctx)
     return ctx

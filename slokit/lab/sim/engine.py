@@ -27,9 +27,7 @@ The core is synchronous and takes times as arguments, so tests drive it on fake 
 (:func:`simulate`); :class:`EngineLoop` runs it on an asyncio loop against a
 :class:`~slokit.lab.sim.clock.Clock` (``WallClock(speed)`` in the server).
 
-Tokenizer (documented, deterministic): one token per whitespace-separated word of the
-prompt, token id = CRC-32 of the word. Output tokens are words from a fixed list chosen
-by the request's seed and position.
+Sampled tokens come from the deterministic vocabulary of :mod:`slokit.lab.sim.tokens`.
 """
 
 from __future__ import annotations
@@ -37,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -46,38 +43,7 @@ from typing import Any, Protocol
 from slokit.lab.sim.clock import Clock
 from slokit.lab.sim.kv import KVCacheManager, chain_hashes
 from slokit.lab.sim.roofline import Roofline
-
-VOCAB_WORDS = (
-    "the", "of", "and", "to", "in", "is", "it", "that", "for", "on", "with", "as", "was", "at",
-    "by", "an", "be", "this", "are", "from", "or", "have", "not", "but", "had", "they",
-    "which", "one", "you", "were", "all", "we", "can", "her", "has", "there", "been", "if",
-    "more", "when", "will", "would", "who", "so", "no", "out", "up", "into", "do", "than",
-    "time", "its", "only", "other", "new", "some", "could", "these", "two", "may", "first",
-    "then", "any", "like", "my", "now", "over", "such", "our", "man", "me", "even", "most",
-    "made", "after", "also", "did", "many", "off", "before", "must", "well", "back", "through",
-    "years", "much", "where", "your", "way", "down", "should", "because", "each", "just",
-    "those", "people", "how", "too", "little", "state", "good", "very", "make", "world",
-    "still", "see", "own", "men", "work", "long", "here", "get", "both", "between", "life",
-    "being", "under", "never", "day", "same", "another", "know", "while", "last", "might",
-    "us", "great", "old", "year", "since", "come",
-)  # fmt: skip
-
-
-def tokenize(text: str) -> list[int]:
-    """One token per whitespace-separated word; id = CRC-32 of the word."""
-    return [zlib.crc32(w.encode()) for w in text.split()]
-
-
-VOCAB_IDS = tuple(zlib.crc32(w.encode()) for w in VOCAB_WORDS)
-
-
-def output_index(seed: int, index: int) -> int:
-    """Which vocabulary word is output token ``index`` of a request with ``seed``."""
-    return (seed * 2654435761 + index * 40503) % len(VOCAB_WORDS)
-
-
-def output_word(seed: int, index: int) -> str:
-    return VOCAB_WORDS[output_index(seed, index)]
+from slokit.lab.sim.tokens import VOCAB_IDS, output_index
 
 
 @dataclass

@@ -17,8 +17,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from slokit.lab.sim.engine import tokenize
 from slokit.lab.sim.output_text import OutputText
+from slokit.lab.sim.tokens import tokenize
 
 VLLM_VERSION = "0.32.0"
 SYSTEM_FINGERPRINT = f"vllm-{VLLM_VERSION}-slokitsim"

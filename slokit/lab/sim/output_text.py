@@ -1,7 +1,7 @@
 """The simulated output text of a request, where a ``stop`` string ends it, and its stream.
 
 Output token ``i`` of a request is the text ``" " + output_word(seed, i)`` (see
-:mod:`slokit.lab.sim.engine`), so the text is known before the engine runs. Stop strings
+:mod:`slokit.lab.sim.tokens`), so the text is known before the engine runs. Stop strings
 follow vLLM's detokenizer (``vllm/v1/engine/detokenizer.py``): after each output token past
 ``min_tokens`` it looks for every stop string, in the request's order, where it could end in
 the new characters; the first found ends the request there (finish reason ``stop``, stop
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from slokit.lab.sim.engine import output_word
+from slokit.lab.sim.tokens import output_word
 
 
 def token_text(seed: int, index: int) -> str:

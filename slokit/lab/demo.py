@@ -32,6 +32,7 @@ import httpx
 
 from slokit.data import data_path
 from slokit.errors import SlokitError
+from slokit.timeutil import iso
 
 # Package data (slokit/data, copies of examples/slo/chat.yaml and examples/workloads/), so the
 # demo runs from an installed wheel as well as from a checkout.
@@ -62,7 +63,9 @@ class DemoConfig:
     workload: Path = DEFAULT_WORKLOAD
     phases: tuple[Phase, ...] = field(
         default_factory=lambda: (
-            Phase("baseline", 20.0, (4.0, 4.0)),
+            # Longer than three of diagnose's 10 s buckets, so that the incident is judged
+            # against this quiet history (diagnose --since the incident's start).
+            Phase("baseline", 35.0, (4.0, 4.0)),
             Phase("incident", 25.0, (40.0, 8.0), (None, {"kv_blocks": 120})),
         )
     )
@@ -149,13 +152,18 @@ def _slokit(cfg: DemoConfig, *args: str) -> list[str]:
     return [cfg.python, "-m", "slokit", *args]
 
 
-async def _drive(cfg: DemoConfig, urls: list[str], otlp: str, echo: Echo) -> list[Any]:
+async def _drive(
+    cfg: DemoConfig, urls: list[str], otlp: str, echo: Echo
+) -> tuple[list[Any], dict[str, float]]:
+    """Run the phases one after another; the load summaries and each phase's start time."""
     from slokit.lab.load import LoadConfig, run_load
     from slokit.lab.workload import load_workload
 
     workload = load_workload(cfg.workload)
     summaries = []
+    starts: dict[str, float] = {}
     for n, phase in enumerate(cfg.phases):
+        starts[phase.name] = time.time()
         duration = phase.duration_s * cfg.scale
         echo(
             f"-- load phase {phase.name!r}: {duration:.0f} s, "
@@ -193,7 +201,7 @@ async def _drive(cfg: DemoConfig, urls: list[str], otlp: str, echo: Echo) -> lis
                 f"TTFT p50 {_ms(s.ttft_p50_s)} p95 {_ms(s.ttft_p95_s)}"
             )
             summaries.append(s)
-    return summaries
+    return summaries, starts
 
 
 def _ms(v: float | None) -> str:
@@ -356,7 +364,7 @@ def run_demo(cfg: DemoConfig, echo: Echo = print) -> int:
         sidecar = stack.enter_context(_process(sidecar_cmd, cfg.out_dir / "sidecar.log", echo))
         _wait_http(api + "/readyz", 60, sidecar, cfg.out_dir / "sidecar.log")
         echo(f"   sidecar ready: {api}/metrics, OTLP/HTTP {otlp}")
-        asyncio.run(_drive(cfg, urls, otlp, echo))
+        _, starts = asyncio.run(_drive(cfg, urls, otlp, echo))
         echo("-- stopping the replicas (they flush their last spans to the sidecar)")
         engines.close()
         with contextlib.suppress(httpx.HTTPError):
@@ -369,7 +377,9 @@ def run_demo(cfg: DemoConfig, echo: Echo = print) -> int:
         echo("-- stopping the sidecar (it flushes and closes the DuckDB file)")
         stop_process(sidecar)
     rc = 0
-    rc |= _run_cli(cfg, echo, "diagnose", "--save", "--db", str(db))
+    # The incident judged against the quiet history before it (the baseline phase).
+    incident = iso(starts[cfg.phases[-1].name]) or ""
+    rc |= _run_cli(cfg, echo, "diagnose", "--save", "--since", incident, "--db", str(db))
     rc |= _run_cli(cfg, echo, "slo", "report", "--slo", str(cfg.slo), "--db", str(db))
     worst = _worst_request(db)
     if worst:

@@ -108,6 +108,9 @@ def _gateway(gw: Mapping[str, Any] | None) -> list[str]:
     nothing when no gateway or HTTP outcome is known (or the document predates it)."""
     if not gw:
         return []
+    via_gateway = gw.get("gateway_e2e_s") is not None or gw.get("routing_s") is not None
+    if not via_gateway and gw.get("http_status") in (None, 200) and not gw.get("error_type"):
+        return []  # a plain success seen only by the client: nothing to add
     parts = [f"HTTP {gw['http_status'] if gw['http_status'] is not None else '?'}"]
     if gw.get("error_type"):
         parts[0] += f" ({gw['error_type']})"
@@ -117,7 +120,7 @@ def _gateway(gw: Mapping[str, Any] | None) -> list[str]:
         parts.append(f"E2E {fmt_s(gw['gateway_e2e_s'])}")
     if gw.get("routing_s") is not None:
         parts.append(f"routing {fmt_s(gw['routing_s'])}")
-    return [f"gateway: {', '.join(parts)}", ""]
+    return [f"{'gateway' if via_gateway else 'outcome'}: {', '.join(parts)}", ""]
 
 
 def _root_cause(root: Mapping[str, Any] | None) -> list[str]:

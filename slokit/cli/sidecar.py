@@ -25,6 +25,14 @@ from slokit.cli._common import handle_errors
     metavar="[NAME=]URL",
     help="dcgm-exporter /metrics URL to scrape (repeatable).",
 )
+@click.option(
+    "--router-url",
+    "router_urls",
+    multiple=True,
+    metavar="[NAME=]URL",
+    help="Gateway router (llm-d router / Inference Extension EPP) /metrics URL to scrape "
+    "(repeatable or a comma list; NAME= names the router).",
+)
 @click.option("--nvml/--no-nvml", default=None, help="Poll local GPUs through NVML.")
 @click.option(
     "--otlp-http",

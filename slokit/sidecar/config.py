@@ -1,7 +1,7 @@
 """Sidecar configuration: a YAML file < ``SLOKIT_*`` environment < command-line flags.
 
 Keys (YAML and flags share names; env is ``SLOKIT_`` + upper-case key, lists comma-separated):
-``vllm_urls``, ``dcgm_urls``, ``nvml``, ``otlp_http``, ``otlp_grpc``, ``listen``, ``db``,
+``vllm_urls``, ``dcgm_urls``, ``router_urls``, ``nvml``, ``otlp_http``, ``otlp_grpc``, ``listen``, ``db``,
 ``slo``, ``replica``, ``scrape_interval_s``, ``token``, ``forward_otlp``, ``forward_content``,
 ``parquet_dir``, ``max_body_bytes``, ``queue_capacity``, ``batch_max``, ``batch_linger_s``,
 ``sli_grace_s``, ``sli_interval_s``, ``diagnose_interval_s``, ``ack_timeout_s``,
@@ -10,7 +10,9 @@ Keys (YAML and flags share names; env is ``SLOKIT_`` + upper-case key, lists com
 ``metrics_allow_replicas``, ``metrics_max_series`` (docs/metrics.md).
 Connection hygiene: ``header_timeout_s``, ``body_timeout_s``, ``idle_timeout_s``,
 ``api_max_connections``, ``otlp_max_connections`` (docs/sidecar.md).
-A vLLM or dcgm URL may be given as ``NAME=URL`` to name its replica.
+A vLLM or dcgm URL may be given as ``NAME=URL`` to name its replica; a router URL (the llm-d
+router / Inference Extension EPP's ``/metrics``) as ``NAME=URL`` to name the router (default:
+its ``host:port``). ``router_urls`` also takes a comma-separated list in one flag.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ class Target:
     """One scrape target: its URL, what it is, and the replica its samples belong to."""
 
     url: str
-    kind: str  # "vllm" | "dcgm"
+    kind: str  # "vllm" | "dcgm" | "router"
     replica: str
 
 
@@ -47,6 +49,7 @@ class Target:
 class SidecarConfig:
     vllm_urls: tuple[str, ...] = ()
     dcgm_urls: tuple[str, ...] = ()
+    router_urls: tuple[str, ...] = ()  # gateway router (EPP) /metrics: router_samples
     nvml: bool = False
     otlp_http: str | None = DEFAULT_OTLP_HTTP
     otlp_grpc: str | None = DEFAULT_OTLP_GRPC
@@ -107,6 +110,12 @@ class SidecarConfig:
                         else _host_port(url)
                     )
                     out.append(Target(url, kind, replica))
+        for url in self.router_urls:
+            name, sep, rest = url.partition("=")
+            if sep and "://" not in name:
+                out.append(Target(rest, "router", name))
+            else:
+                out.append(Target(url, "router", _host_port(url)))
         return out
 
     def endpoints(self) -> list[str]:
@@ -141,7 +150,7 @@ class SidecarConfig:
                     f"refusing to listen on {addr} without a bearer token: pass --token "
                     "(or SLOKIT_TOKEN), or bind 127.0.0.1"
                 )
-        for url in (*self.vllm_urls, *self.dcgm_urls):
+        for url in (*self.vllm_urls, *self.dcgm_urls, *self.router_urls):
             t = url.partition("=")[2] if "=" in url and "://" not in url.partition("=")[0] else url
             if not t.startswith(("http://", "https://")):
                 raise BadInput(f"scrape target must be an http(s) URL, got {url!r}")
@@ -187,7 +196,9 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-_LISTS = {"vllm_urls", "dcgm_urls", "metrics_allow_models", "metrics_allow_replicas"}
+_LISTS = {"vllm_urls", "dcgm_urls", "router_urls", "metrics_allow_models", "metrics_allow_replicas"}
+#: Lists whose every value may itself be a comma-separated list (``--router-url A,B``).
+_COMMA_LISTS = {"router_urls"}
 #: Receivers that an empty value ("" flag or env, null in YAML) turns off.
 _OPTIONAL = {"otlp_http", "otlp_grpc"}
 _FIELDS = {f.name: f for f in fields(SidecarConfig)}
@@ -201,6 +212,8 @@ def _coerce(key: str, value: Any, where: str) -> Any:
         if key in _LISTS:
             if isinstance(value, str):
                 return tuple(v.strip() for v in value.split(",") if v.strip())
+            if key in _COMMA_LISTS:
+                return tuple(u.strip() for v in value for u in str(v).split(",") if u.strip())
             return tuple(str(v) for v in value)
         if typ == "bool":
             if isinstance(value, str):

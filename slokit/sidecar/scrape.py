@@ -1,4 +1,6 @@
-"""Scrape loops: vLLM and dcgm-exporter ``/metrics`` on an interval, and the NVML poller.
+"""Scrape loops: vLLM, dcgm-exporter and gateway router ``/metrics`` on an interval, and the
+NVML poller. A router target (the llm-d router / Inference Extension EPP) is parsed by
+:mod:`slokit.sources.router_metrics` into ``router_samples``.
 
 A scrape is all or nothing: a target that is down, slow (past the timeout, which is below
 the interval), answers non-200, or garbage is dropped whole, counted in
@@ -32,7 +34,7 @@ from typing import Any
 import httpx
 
 from slokit.errors import BadInput
-from slokit.records import EngineSample, GpuSample, ScrapeResult
+from slokit.records import EngineSample, GpuSample, RouterSample, ScrapeResult
 from slokit.sidecar.config import Target
 from slokit.sidecar.metrics import SidecarMetrics
 from slokit.sidecar.writer import QueueFull, Writer, WriterStopped
@@ -66,6 +68,19 @@ class ScrapeOutcome:
     engine: list[EngineSample] = field(default_factory=list)
     gpu: list[GpuSample] = field(default_factory=list)
     reset: bool = False
+    router: list[RouterSample] = field(default_factory=list)
+
+
+@dataclass
+class _Parsed:
+    """One scrape's records, by the kind of target."""
+
+    engine: list[EngineSample] = field(default_factory=list)
+    gpu: list[GpuSample] = field(default_factory=list)
+    router: list[RouterSample] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.engine) + len(self.gpu) + len(self.router)
 
 
 class _Body:
@@ -146,21 +161,32 @@ def release_memory() -> None:
 _SCRAPE_HEADERS = {"Accept-Encoding": "identity", "Accept": "text/plain;version=0.0.4,*/*;q=0.1"}
 
 
-def _parse(
-    target: Target, body: bytes, ts: float, invalid: Counter[str] | None = None
-) -> tuple[list[EngineSample], list[GpuSample]]:
+def _parse(target: Target, body: bytes, ts: float, invalid: Counter[str] | None = None) -> _Parsed:
     """Values out of their field's range become None, counted by field in ``invalid``."""
     if target.kind == "vllm":
         from slokit.sources.vllm_metrics import parse_vllm_metrics
 
-        return parse_vllm_metrics(body, ts=ts, replica=target.replica, invalid=invalid), []
+        return _Parsed(
+            engine=parse_vllm_metrics(body, ts=ts, replica=target.replica, invalid=invalid)
+        )
+    if target.kind == "router":
+        from slokit.sources.router_metrics import parse_router_metrics
+
+        return _Parsed(
+            router=parse_router_metrics(body, ts=ts, router=target.replica, invalid=invalid)
+        )
     from slokit.sources.dcgm import parse_dcgm_metrics
 
     gpus = parse_dcgm_metrics(body, ts=ts, invalid=invalid)
     for g in gpus:
         if g.replica is None:
             g.replica = target.replica
-    return [], gpus
+    return _Parsed(gpu=gpus)
+
+
+def _empty_pending() -> dict[str, list[Any]]:
+    """Records buffered between flushes, by writer kind (samples before their scrape rows)."""
+    return {"engine": [], "gpu": [], "router_samples": [], "scrapes": []}
 
 
 class Scraper:
@@ -197,7 +223,7 @@ class Scraper:
         # target url -> (model, engine) -> counters of its last scrape (only the last: a
         # target that once served many engines does not keep them in memory)
         self._last: dict[str, dict[tuple[str, str | None], dict[str, float]]] = {}
-        self._pending: dict[str, list[Any]] = {"engine": [], "gpu": [], "scrapes": []}
+        self._pending: dict[str, list[Any]] = _empty_pending()
         self._big_flush = False
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -209,7 +235,7 @@ class Scraper:
             body = await asyncio.wait_for(self._fetch(target), self.timeout_s)
             # parsing is pure Python (seconds for a huge body): never on the event loop
             invalid: Counter[str] = Counter()
-            engine, gpu = await asyncio.to_thread(_parse, target, body, ts, invalid)
+            parsed = await asyncio.to_thread(_parse, target, body, ts, invalid)
             del body
         except (ScrapeFailed, TimeoutError, BadInput) as exc:
             reason = (
@@ -227,14 +253,14 @@ class Scraper:
         dur = time.perf_counter() - t0
         for name, n in invalid.items():
             m.sample_values_invalid.labels(kind=target.kind, field=name).inc(n)
-        reset = self._check_reset(target, engine)
+        reset = self._check_reset(target, parsed.engine)
         if reset:
             m.counter_resets.labels(target=target.url).inc()
         m.scrape_up.labels(target=target.url, kind=target.kind, replica=target.replica).set(1)
         m.scrape_duration.labels(target=target.url, kind=target.kind).set(dur)
         health = ScrapeResult(ts, target.url, target.kind, target.replica, True, dur,
-                              "counter reset" if reset else None, len(engine) + len(gpu))  # fmt: skip
-        return ScrapeOutcome(health, engine, gpu, reset)
+                              "counter reset" if reset else None, len(parsed))  # fmt: skip
+        return ScrapeOutcome(health, parsed.engine, parsed.gpu, reset, parsed.router)
 
     async def _fetch(self, target: Target) -> bytes:
         limit = self.body_limit_bytes
@@ -273,12 +299,13 @@ class Scraper:
         """Buffer one scrape's records; :meth:`flush` hands a whole tick to the writer."""
         self._pending["engine"].extend(outcome.engine)
         self._pending["gpu"].extend(outcome.gpu)
+        self._pending["router_samples"].extend(outcome.router)
         self._pending["scrapes"].append(outcome.health)
 
     def flush(self) -> None:
         """Submit what the loops scraped since the last flush: one write per kind, not one per
         target (each write is a transaction; per-target writes cost more than parsing)."""
-        pending, self._pending = self._pending, {"engine": [], "gpu": [], "scrapes": []}
+        pending, self._pending = self._pending, _empty_pending()
         self._big_flush = sum(len(v) for v in pending.values()) > BIG_FLUSH_RECORDS
         for kind, recs in pending.items():
             if not recs:

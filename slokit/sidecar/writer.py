@@ -35,15 +35,22 @@ from typing import Any, Literal
 
 import duckdb
 
-from slokit.records import EngineSample, Finding, GpuSample, RequestFragment, ScrapeResult
+from slokit.records import (
+    EngineSample,
+    Finding,
+    GpuSample,
+    RequestFragment,
+    RouterSample,
+    ScrapeResult,
+)
 from slokit.sidecar.metrics import SidecarMetrics
 from slokit.store.db import Store
 from slokit.store.faults import storage_fault
 
 log = logging.getLogger("slokit.sidecar.writer")
 
-Kind = Literal["fragments", "engine", "gpu", "scrapes", "findings"]
-_ORDER: tuple[Kind, ...] = ("fragments", "engine", "gpu", "scrapes", "findings")
+Kind = Literal["fragments", "engine", "gpu", "router_samples", "scrapes", "findings"]
+_ORDER: tuple[Kind, ...] = ("fragments", "engine", "gpu", "router_samples", "scrapes", "findings")
 
 
 class QueueFull(Exception):
@@ -104,7 +111,12 @@ def _describe(kind: str, records: Sequence[Any], limit: int = 3) -> str:
     """A few ids of ``records`` for the log: which export (or scrape) this was."""
     ids = []
     for r in records[:limit]:
-        rid = getattr(r, "fragment_id", None) or getattr(r, "replica", None) or type(r).__name__
+        rid = (
+            getattr(r, "fragment_id", None)
+            or getattr(r, "replica", None)
+            or getattr(r, "router", None)
+            or type(r).__name__
+        )
         ids.append(str(rid)[:80])
     more = f" (+{len(records) - limit} more)" if len(records) > limit else ""
     return f"{len(records)} {kind} records: {', '.join(ids)}{more}"
@@ -345,6 +357,9 @@ class Writer:
         elif kind == "gpu":
             gpu: list[GpuSample] = records
             s.append_gpu_samples(gpu)
+        elif kind == "router_samples":
+            router: list[RouterSample] = records
+            s.append_router_samples(router)
         elif kind == "scrapes":
             scrapes: list[ScrapeResult] = records
             s.append_scrapes(scrapes)

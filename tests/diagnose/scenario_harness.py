@@ -14,6 +14,11 @@ A scenario file (YAML, ``scenario: v1``) says how to reproduce one incident::
       - {at_s: 0, duration_s: 120, rate: 3, replicas: [0], workload: {...}}
     faults:                         # POST /admin/faults at a simulated time
       - {at_s: 60, replicas: [0], set: {gpu_clock_ratio: 0.45}}
+      - {at_s: 50, router: true, set: {router_max_inflight: 2}}  # on the router's port
+
+``sim: {router: true}`` puts the simulator's gateway router (:mod:`slokit.lab.sim.router`)
+in front of the replicas: every load request passes its flow control first (in process, on
+either clock), and its ``/metrics`` is scraped like the replicas' into router samples.
 
 The run is the real thing end to end, on one event loop: the simulator's HTTP servers, the
 load generator (on simulated time, so rates and durations mean the same as in the file),
@@ -48,17 +53,20 @@ from slokit.lab.load import LoadConfig, Runner, make_schedule, request_url, run_
 from slokit.lab.sim.clock import Clock, WallClock
 from slokit.lab.sim.engine import SimRequest
 from slokit.lab.sim.faults import scenario_faults
-from slokit.lab.sim.server import ApiError, Replica, SimCluster, SimSettings
+from slokit.lab.sim.server import ApiError, Replica, SimCluster, SimRouter, SimSettings
 from slokit.lab.sim.vtime import LoopClock, VirtualTimeLoop, run_virtual
 from slokit.lab.workload import DEFAULT_WORKLOAD, parse_workload_yaml
-from slokit.records import EngineSample, GpuSample, RequestFragment, ScrapeResult
+from slokit.records import EngineSample, GpuSample, RequestFragment, RouterSample, ScrapeResult
 from slokit.sources.dcgm import parse_dcgm_metrics
 from slokit.sources.files import parse_load_jsonl
 from slokit.sources.otlp import decode_traces
+from slokit.sources.router_metrics import parse_router_metrics
 from slokit.sources.vllm_metrics import parse_vllm_metrics
 from slokit.store.db import Store
 
 SCENARIO_DIR = Path(__file__).resolve().parents[2] / "examples" / "scenarios"
+#: The name the simulated gateway router's samples and scrapes carry.
+ROUTER_NAME = "sim-epp"
 _SIM_KEYS = {
     "replicas",
     "model",
@@ -69,6 +77,7 @@ _SIM_KEYS = {
     "scenario",
     "enable_prefix_caching",
     "max_model_len",
+    "router",
 }
 
 
@@ -86,6 +95,7 @@ class FaultAt:
     at_s: float
     set: dict[str, Any]
     replicas: list[int] | None = None
+    router: bool = False  # POST to the gateway router's /admin/faults instead
 
 
 @dataclass
@@ -152,11 +162,20 @@ class _SimTime:
 class _InProcessRunner(Runner):
     """The load generator's runner whose exchange calls the replica in-process instead of
     over HTTP (virtual time): the same request bodies, headers, ids, schedule and record;
-    a streaming client's token times are the engine steps that made the tokens."""
+    a streaming client's token times are the engine steps that made the tokens. With a
+    ``router``, each request passes its flow control before it reaches the replica."""
 
-    def __init__(self, cfg: LoadConfig, clock: _SimTime, model: str, by_url: dict[str, Replica]):
+    def __init__(
+        self,
+        cfg: LoadConfig,
+        clock: _SimTime,
+        model: str,
+        by_url: dict[str, Replica],
+        router: SimRouter | None = None,
+    ):
         super().__init__(cfg, None, clock, model, None, None)  # type: ignore[arg-type]
         self._by_url = by_url
+        self._router = router
 
     async def _exchange(
         self,
@@ -173,8 +192,13 @@ class _InProcessRunner(Runner):
             req.new_tokens = 0
 
         kind = "chat" if self.cfg.endpoint == "chat" else "completion"
+        replica = self._by_url[url]
         try:
-            req = await self._by_url[url].generate_in_process(kind, body, headers, on_tokens)
+            if self._router is not None:
+                async with self._router.admit():
+                    req = await replica.generate_in_process(kind, body, headers, on_tokens)
+            else:
+                req = await replica.generate_in_process(kind, body, headers, on_tokens)
         except ApiError as exc:
             rec["http_status"] = exc.status
             rec["status"], rec["error_type"] = "error", exc.err_type
@@ -189,7 +213,7 @@ class _InProcessRunner(Runner):
 
 
 async def _run_load_in_process(
-    cfg: LoadConfig, clock: Clock, replica: Replica
+    cfg: LoadConfig, clock: Clock, replica: Replica, router: SimRouter | None = None
 ) -> list[dict[str, Any]]:
     """``run_load``'s open loop (same seeded sampler and schedule) on ``_InProcessRunner``."""
     cfg.validate()
@@ -197,7 +221,7 @@ async def _run_load_in_process(
     rng = random.Random(cfg.seed)
     by_url = {request_url(cfg.url, cfg.endpoint): replica}
     model = cfg.model or cfg.workload.model or replica.settings.model_name
-    runner = _InProcessRunner(cfg, _SimTime(clock), model, by_url)
+    runner = _InProcessRunner(cfg, _SimTime(clock), model, by_url, router)
     sampler = cfg.workload.sampler(rng, runner.run_id)
     schedule = make_schedule(cfg.arrival, cfg.rate, cfg.duration_s, rng)
     await runner.open_loop(clock.now(), schedule, sampler.next)
@@ -211,6 +235,7 @@ class Collected:
     engine: list[EngineSample] = field(default_factory=list)
     gpu: list[GpuSample] = field(default_factory=list)
     scrapes: list[ScrapeResult] = field(default_factory=list)
+    router: list[RouterSample] = field(default_factory=list)
 
     def diagnose_args(self, sc: Scenario) -> dict[str, Any]:
         """``diagnose()`` arguments for the scenario's ``diagnose`` section."""
@@ -228,6 +253,35 @@ class Collected:
         store.append_engine_samples(self.engine)
         store.append_gpu_samples(self.gpu)
         store.append_scrapes(self.scrapes)
+        store.append_router_samples(self.router)
+
+
+async def _scrape_one(
+    http: aiohttp.ClientSession, kind: str, url: str, name: str, ts: float, out: Collected
+) -> None:
+    """One scrape of one target, parsed as a sidecar would and recorded in ``scrapes``."""
+    try:
+        async with http.get(url) as resp:
+            body = await resp.read()
+            ok = resp.status == 200
+    except aiohttp.ClientError as exc:
+        ok, body = False, str(exc).encode()
+    out.scrapes.append(
+        ScrapeResult(
+            ts=ts,
+            target=url,
+            kind=kind,
+            replica=name,
+            up=ok,
+            error=None if ok else body[:80].decode(),
+        )
+    )
+    if ok and kind == "vllm":
+        out.engine.extend(parse_vllm_metrics(body, ts=ts, replica=name))
+    elif ok and kind == "router":
+        out.router.extend(parse_router_metrics(body, ts=ts, router=name))
+    elif ok:
+        out.gpu.extend(parse_dcgm_metrics(body, ts=ts))
 
 
 async def _scrape_loop(
@@ -238,45 +292,37 @@ async def _scrape_loop(
     done: asyncio.Event,
     out: Collected,
 ) -> None:
-    """Scrape every replica until the scenario's end and every request has finished."""
+    """Scrape every replica (and the router) until the scenario's end and every request has
+    finished."""
     async with aiohttp.ClientSession() as http:
         while clock.now() < until or not done.is_set():
             for r in cluster.replicas:
                 ts = clock.now()
-                for kind, url in (
-                    ("vllm", f"http://127.0.0.1:{r.port}/metrics"),
-                    ("dcgm", f"http://127.0.0.1:{r.dcgm_port}/metrics"),
-                ):
-                    try:
-                        async with http.get(url) as resp:
-                            body = await resp.read()
-                            ok = resp.status == 200
-                    except aiohttp.ClientError as exc:
-                        ok, body = False, str(exc).encode()
-                    out.scrapes.append(
-                        ScrapeResult(
-                            ts=ts,
-                            target=url,
-                            kind=kind,
-                            replica=r.name,
-                            up=ok,
-                            error=None if ok else body[:80].decode(),
-                        )
-                    )
-                    if ok and kind == "vllm":
-                        out.engine.extend(parse_vllm_metrics(body, ts=ts, replica=r.name))
-                    elif ok:
-                        out.gpu.extend(parse_dcgm_metrics(body, ts=ts))
+                await _scrape_one(
+                    http, "vllm", f"http://127.0.0.1:{r.port}/metrics", r.name, ts, out
+                )
+                await _scrape_one(
+                    http, "dcgm", f"http://127.0.0.1:{r.dcgm_port}/metrics", r.name, ts, out
+                )
+            if cluster.router is not None:
+                await _scrape_one(
+                    http, "router", cluster.router.url(), ROUTER_NAME, clock.now(), out
+                )
             await clock.sleep(every_s)
 
 
 async def _fault_at(cluster: SimCluster, clock: Clock, t0: float, fault: FaultAt) -> None:
     await clock.sleep(max(0.0, t0 + fault.at_s - clock.now()))
-    targets = fault.replicas if fault.replicas is not None else range(len(cluster.replicas))
+    if fault.router:
+        if cluster.router is None:
+            raise RuntimeError(f"fault {fault.set} is for the router: set sim.router: true")
+        ports = [cluster.router.port]
+    else:
+        targets = fault.replicas if fault.replicas is not None else range(len(cluster.replicas))
+        ports = [cluster.replicas[i].port for i in targets]
     async with aiohttp.ClientSession() as http:
-        for i in targets:
-            r = cluster.replicas[i]
-            async with http.post(f"http://127.0.0.1:{r.port}/admin/faults", json=fault.set) as resp:
+        for port in ports:
+            async with http.post(f"http://127.0.0.1:{port}/admin/faults", json=fault.set) as resp:
                 if resp.status != 200:
                     raise RuntimeError(f"fault {fault.set} refused: {await resp.text()}")
 
@@ -309,8 +355,8 @@ async def _phase(
             run_id=f"p{seed}r{i}",
             timeout_s=600.0,
         )
-        if in_process:
-            return await _run_load_in_process(cfg, clock, cluster.replicas[i])
+        if in_process or cluster.router is not None:  # the router admits in process
+            return await _run_load_in_process(cfg, clock, cluster.replicas[i], cluster.router)
         result = await run_load(cfg, clock=_SimTime(clock))
         return result.records
 

@@ -25,6 +25,7 @@ scenarios hold a cause and its consequences (their ranking: test_rca_accuracy.py
 | gpu_xid                    |   x   |    x    |   x    | x  |    x     |   x    |  .   |    x     |  R  |   .    |  x   |    .    |  .  |
 | error_burst                |   x   |    x    |   x    | x  |    x     |   x    |  .   |    x     |  x  |   R    |  x   |    .    |  .  |
 | spec_decode_low_acceptance |   x   |    x    |   .    | x  |    x     |   x    |  .   |    x     |  x  |   x    |  R   |    .    |  .  |
+| gateway_queueing           |   x   |    x    |   x    | x  |    .     |   x    |  .   |    x     |  x  |   x    |  x   |    R    |  .  |
 | telemetry_gap              |   x   |    x    |   x    | x  |    x     |   x    |  .   |    x     |  x  |   x    |  x   |    .    |  R  |
 | mixed_kv_decode            |   .   |    x    |   .    | R  |    x     |   x    |  .   |    x     |  x  |   x    |  x   |    .    |  .  |
 | mixed_throttle_burst       |   .   |    .    |   .    | x  |    x     |   x    |  .   |    R     |  x  |   x    |  x   |    .    |  .  |

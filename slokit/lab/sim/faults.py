@@ -29,6 +29,11 @@ first resets everything. Keys:
     accepted drafts lasts; emits vLLM's ``vllm:spec_decode_*`` counters.
 ``metrics_blackout`` (bool)
     ``/metrics`` (vLLM and DCGM) answer 503: a telemetry gap.
+``router_max_inflight`` (int, 0 = no limit)
+    The gateway router's concurrency limit (:mod:`slokit.lab.sim.router`; only the router's
+    own ``/admin/faults`` reads it): requests past it wait in the router's flow-control
+    queue, outside the engines. Set too low, they queue at the gateway while the engines
+    have headroom.
 ``crash`` (object)
     ``{"down_s": s}``: the replica crashes now (in-flight requests fail, its port stops
     answering), restarts after ``s`` seconds with fresh counters. Not persisted in state.
@@ -82,6 +87,7 @@ class Faults:
     prefix_caching: bool = True
     spec_decode: SpecDecode | None = None
     metrics_blackout: bool = False
+    router_max_inflight: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -162,6 +168,8 @@ def apply_update(current: Faults, body: Any) -> FaultUpdate:
             new.xid = _integer(key, value, 0, 1000)
         elif key == "kv_blocks":
             new.kv_blocks = _integer(key, value, 0, 10**9)
+        elif key == "router_max_inflight":
+            new.router_max_inflight = _integer(key, value, 0, 10**6)
         elif key in ("prefix_caching", "metrics_blackout"):
             setattr(new, key, _flag(key, value))
         elif key == "spec_decode":

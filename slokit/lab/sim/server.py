@@ -15,7 +15,10 @@ for an unknown path. ``X-Request-Id: r7`` gives response ids ``cmpl-r7`` / ``cha
 and span ids ``cmpl-r7-0`` / ``chatcmpl-r7`` (vLLM does not echo the header back).
 
 Besides vLLM's routes each replica serves ``GET/POST /admin/faults`` (see
-:mod:`slokit.lab.sim.faults`).
+:mod:`slokit.lab.sim.faults`). With ``SimSettings.router`` a gateway router
+(:mod:`slokit.lab.sim.router`) stands in front of the replicas: ``SimCluster.router``, its
+``/metrics`` on ``router_port``; a client's request passes its flow control
+(``async with cluster.router.admit(): ...``) before it reaches a replica.
 
 Request semantics: the output length is ``max_tokens`` (finish reason ``length``) unless
 the request sets ``min_tokens`` without ``ignore_eos``: then a deterministic length in
@@ -41,13 +44,14 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from slokit.lab.sim.clock import Clock
+from slokit.lab.sim.clock import Clock, WallClock
 from slokit.lab.sim.openai_wire import ApiError
 from slokit.lab.sim.replica import Replica
+from slokit.lab.sim.router import SimRouter
 from slokit.lab.sim.settings import SimSettings
 
 # ApiError, Replica and SimSettings are imported from here by the CLI, background.py and tests.
-__all__ = ["ApiError", "Replica", "SimCluster", "SimSettings", "serve_forever"]
+__all__ = ["ApiError", "Replica", "SimCluster", "SimRouter", "SimSettings", "serve_forever"]
 
 
 class SimCluster:
@@ -84,12 +88,27 @@ class SimCluster:
             )
             for i in range(replicas)
         ]
+        self.router: SimRouter | None = None
+        if settings.router:
+            self.router = SimRouter(
+                self.replicas,
+                clock_factory() if clock_factory else WallClock(settings.speed),
+                model=settings.model_name,
+                pool=settings.router_pool,
+                faults=settings.faults,
+                host=host,
+                port=settings.router_port,
+            )
 
     async def start(self) -> None:
         for r in self.replicas:
             await r.start()
+        if self.router is not None:
+            await self.router.start()
 
     async def stop(self) -> None:
+        if self.router is not None:
+            await self.router.stop()
         for r in self.replicas:
             await r.stop()
 

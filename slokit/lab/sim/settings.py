@@ -41,6 +41,11 @@ class SimSettings:
     seed: int = 0
     faults: Faults = field(default_factory=Faults)
     scenario: str = "healthy"
+    # The gateway router in front of the replicas (:mod:`slokit.lab.sim.router`): off by
+    # default; its ``/metrics`` on ``router_port`` (0: an ephemeral port), its InferencePool.
+    router: bool = False
+    router_port: int = 0
+    router_pool: str = "sim-pool"
 
     @classmethod
     def for_scenario(cls, scenario: str = "healthy", **overrides: Any) -> SimSettings:

@@ -16,9 +16,16 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
+
+from slokit.errors import BadInput, NotFound
+from slokit.store.window import resolve_window
+from slokit.timeutil import parse_duration
+
+# The store (DuckDB, pyarrow), the analysis stack (pandas, PyYAML) and the run readers are
+# imported inside each job: deferred so that ``import slokit`` and the CLI stay cheap.
 
 if TYPE_CHECKING:
     from slokit.analysis.diagnose import Diagnosis
@@ -83,8 +90,6 @@ def load_spec(spec: Spec) -> SloSpec:
 def window(source: Source, since: Bound = None, until: Bound = None) -> Window:
     """``since``/``until`` resolved against ``source``'s data (durations count back from the
     newest time it holds)."""
-    from slokit.store.window import resolve_window
-
     with reading(source) as reader:
         return resolve_window(reader, since, until)
 
@@ -100,11 +105,7 @@ def diagnose(
     """Run every rule over the window (default: all the data). ``baseline`` is how much
     history before ``since`` is "normal" (a duration such as ``"30m"`` or seconds).
     Raises :class:`~slokit.errors.NotFound` when the window holds no data."""
-    from dataclasses import replace
-
     from slokit.analysis.diagnose import DiagnoseOptions, run_diagnosis
-    from slokit.store.window import resolve_window
-    from slokit.timeutil import parse_duration
 
     lookback = parse_duration(baseline) if isinstance(baseline, str) else float(baseline)
     opt = replace(options or DiagnoseOptions(), baseline_lookback_s=lookback)
@@ -152,14 +153,11 @@ def slo_report(
     """Attainment, burn rate, goodput, latency percentiles with confidence intervals and cost
     per class over the window. ``sweep``: ``"run"`` or a window in seconds adds the DistServe
     max goodput."""
-    from slokit.store.window import resolve_window
-
     spec = load_spec(slo)
     with reading(source) as reader:
         w = resolve_window(reader, since, until)
         if reader.basis == "histograms":  # Prometheus: counts of slokit_requests_total
             from slokit.analysis.slo_counts import counts_result
-            from slokit.errors import NotFound
 
             lo, hi = reader.bounds()
             start = w.since if w.since is not None else lo
@@ -186,7 +184,6 @@ def gate(
     (``vllm_bench``): exactly one. ``result.exit_code`` is 0 on pass, 1 on a breach."""
     from slokit.analysis import gate as gate_mod
     from slokit.analysis import slo as slo_mod
-    from slokit.errors import BadInput
     from slokit.sources import runs
 
     given = [x for x in (source, records, vllm_bench) if x is not None]
@@ -216,7 +213,6 @@ def gate(
         from slokit.analysis.causality import chain_text
         from slokit.analysis.diagnose import run_diagnosis
         from slokit.analysis.gate._checks import RootCause
-        from slokit.errors import NotFound
 
         times = [
             t for r in run.records for t in (r.get("arrival_ts"), r.get("finish_ts")) if t is not None
@@ -253,7 +249,6 @@ class HtmlReport:
 def html_report(source: Source, slo: Spec, since: Bound = None, until: Bound = None) -> HtmlReport:
     """The ``slokit report`` page: plots, SLO attainment per load run, cost, stored findings."""
     from slokit.analysis import report_html
-    from slokit.store.window import resolve_window
 
     spec = load_spec(slo)
     with reading(source) as reader:

@@ -33,6 +33,7 @@ import httpx
 from slokit.errors import BadInput, NotFound, SlokitError
 from slokit.ids import checked_request_id
 from slokit.records import SOURCE_PRECEDENCE
+from slokit.timeutil import iso, parse_time
 
 #: The sidecar's API port (``listen: 0.0.0.0:9464``) when a SPEC names none.
 DEFAULT_SIDECAR_PORT = 9464
@@ -458,9 +459,9 @@ def _add_client_times(doc: dict[str, Any], docs: Sequence[Mapping[str, Any]]) ->
         comps["client_ttft_s"] = client_ttft
     if client_e2e is None:
         return
-    # The explain package holds the components' rules; it loads pandas, so import it late.
+    # deferred: the explain package holds the components' rules; it loads DuckDB and the
+    # store, which a fleet of sidecars queried over HTTP does not otherwise need
     from slokit.analysis.explain import Components
-    from slokit.timeutil import iso, parse_time
 
     comps["client_e2e_s"] = client_e2e
     e2e = comps.get("e2e_s")

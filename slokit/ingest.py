@@ -24,6 +24,10 @@ from pathlib import Path
 
 from slokit.errors import BadInput
 from slokit.records import EngineSample, GpuSample, RequestFragment, RouterSample
+from slokit.sources.exposition import MetricFamily, parse_exposition
+from slokit.sources.files import parse_metrics_file, parse_quality, parse_requests_file
+from slokit.sources.otlp import PayloadTooLarge, decode_traces, decompress
+from slokit.sources.router_metrics import is_router_exposition, router_samples_from_families
 from slokit.store.db import Store
 
 #: Default limit on an OTLP file's (decompressed) size: the sidecar's body limit.
@@ -119,8 +123,6 @@ def _store_fragments(store: Store, report: IngestReport, frags: list[RequestFrag
 
 
 def _too_big(path: Path, what: str, max_bytes: int) -> BadInput:
-    from slokit.sources.otlp import PayloadTooLarge
-
     return PayloadTooLarge(
         f"{path}: {what} exceeds the {max_bytes}-byte limit; raise it with --max-bytes "
         f"(or {MAX_BYTES_ENV}) if the file is genuine"
@@ -130,8 +132,6 @@ def _too_big(path: Path, what: str, max_bytes: int) -> BadInput:
 def read_otlp_file(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[bytes, str]:
     """(body, content type) of an OTLP file: gzip undone in bounded memory, JSON told from
     protobuf by its first byte. Over ``max_bytes`` (on disk or decompressed) is refused."""
-    from slokit.sources.otlp import PayloadTooLarge, decompress
-
     try:
         size = path.stat().st_size
         if size > max_bytes:
@@ -161,8 +161,6 @@ def ingest_otlp(
 ) -> IngestReport:
     """OTLP ``ExportTraceServiceRequest`` files (.pb, .json, gzip or not), each at most
     ``max_bytes`` decompressed."""
-    from slokit.sources.otlp import decode_traces
-
     report = IngestReport()
     files = expand_paths(paths, ["*.pb", "*.json", "*.pb.gz", "*.json.gz", "*.otlp"])
 
@@ -201,8 +199,6 @@ def ingest_metrics(
     """Prometheus text / OpenMetrics files, with sample timestamps (recorded history) or without
     (a saved scrape: its samples take ``default_ts``, else the file's modification time).
     Files over ``bucket_bytes`` are parsed in buckets of whole timestamps (module doc)."""
-    from slokit.sources.files import parse_metrics_file
-
     report = IngestReport()
     files = expand_paths(paths, ["*.prom", "*.om", "*.txt", "*.openmetrics"])
 
@@ -231,9 +227,6 @@ _ROUTER_PREFIXES = (b"llm_d_epp_", b"inference_pool_", b"inference_objective_",
 def _router_samples(path: Path, instance: str | None, default_ts: float) -> list[RouterSample]:
     """A saved scrape of the gateway router (llm-d router / Inference Extension EPP),
     recognised by its families; samples with timestamps are grouped by them."""
-    from slokit.sources.exposition import MetricFamily, parse_exposition
-    from slokit.sources.router_metrics import is_router_exposition, router_samples_from_families
-
     data = _read(path)
     if not any(p in data for p in _ROUTER_PREFIXES):  # most files: vLLM or DCGM, not parsed twice
         return []
@@ -292,8 +285,6 @@ def _metrics_in_buckets(
 
     Every line that is not a sample (metadata, ``# EOF``, blank) goes to every bucket in its
     place, so each bucket is a valid file of its own; errors name the file's own line."""
-    from slokit.sources.files import parse_metrics_file
-
     size = path.stat().st_size
     k = max(1, min(256, math.ceil(size / bucket_bytes)))
     try:
@@ -370,8 +361,6 @@ def _relined(exc: BadInput, lines: array[int]) -> BadInput:
 
 def ingest_requests(store: Store, paths: Iterable[str | Path]) -> IngestReport:
     """Client-side records: ``slokit load`` JSONL or ``vllm bench serve --save-detailed`` JSON."""
-    from slokit.sources.files import parse_requests_file
-
     report = IngestReport()
     files = expand_paths(paths, ["*.jsonl", "*.json"])
 
@@ -383,8 +372,6 @@ def ingest_requests(store: Store, paths: Iterable[str | Path]) -> IngestReport:
 
 def ingest_quality(store: Store, paths: Iterable[str | Path]) -> IngestReport:
     """Quality results: ``request_id,quality_pass`` rows (CSV with header, or JSONL)."""
-    from slokit.sources.files import parse_quality
-
     report = IngestReport()
     files = expand_paths(paths, ["*.csv", "*.jsonl"])
 

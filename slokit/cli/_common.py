@@ -11,7 +11,8 @@ from typing import Any, TypeVar
 
 import click
 
-from slokit.errors import BadInput, SlokitError
+from slokit.errors import BadInput, SlokitError, StoreBusy
+from slokit.sidecar.discovery import find_sidecar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -80,9 +81,6 @@ def running_sidecar(db: str) -> str:
 
     Called when opening ``db`` failed on its lock; raises StoreBusy when no live sidecar
     says it holds the file."""
-    from slokit.errors import StoreBusy
-    from slokit.sidecar.discovery import find_sidecar
-
     url = find_sidecar(db)
     if url is None:
         raise StoreBusy(

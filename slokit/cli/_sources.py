@@ -124,6 +124,7 @@ def _headers(opts: SourceOptions) -> dict[str, str]:
 def open_reader(opts: SourceOptions) -> Iterator[Reader]:
     """The reader the flags name. A DuckDB file a sidecar holds is read through that
     sidecar's API (the file is locked while it runs)."""
+    # deferred: each backend (DuckDB, pyarrow, httpx) is imported only when the flags name it
     chosen = opts.chosen()
     if chosen == "lake":
         from slokit.store.lake import open_lake
@@ -173,7 +174,7 @@ def held_by_sidecar(opts: SourceOptions) -> str | None:
         return opts.sidecar
     if opts.chosen() != "db":
         return None
-    from slokit.store.db import open_store
+    from slokit.store.db import open_store  # deferred: DuckDB and pyarrow
 
     db = opts.db or default_db()
     try:

@@ -56,6 +56,8 @@ def build(
     evaluation_interval: str | None,
 ) -> None:
     """Write <service>-slo.rules.yaml, symptoms.rules.yaml and alertmanager.example.yaml."""
+    # deferred: the spec loader (PyYAML) and the generators load only when this command
+    # runs (``slokit --help`` stays fast)
     from slokit.analysis.slo_spec import load_spec
     from slokit.generate.alerts import AlertOptions, write_alert_files
     from slokit.generate.promql import Labels

@@ -5,6 +5,8 @@ from __future__ import annotations
 import click
 
 from slokit.cli._common import db_option, handle_errors
+from slokit.errors import BadInput
+from slokit.timeutil import parse_duration, parse_time
 
 
 @click.command("backfill")
@@ -48,10 +50,9 @@ def command(
 
     Afterwards `diagnose` and `explain` work on that window without a sidecar.
     """
-    from slokit.errors import BadInput
+    # deferred: httpx and the store (DuckDB) load only when this command runs
     from slokit.sources.prometheus import DEFAULT_MATCH, PrometheusClient, backfill_samples
     from slokit.store.db import open_store
-    from slokit.timeutil import parse_duration, parse_time
 
     client = PrometheusClient(url)
     now = client.server_time()

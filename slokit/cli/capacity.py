@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from slokit.cli._common import db_option, handle_errors, print_json
+from slokit.errors import BadInput
 
 
 @click.command("capacity")
@@ -60,9 +61,9 @@ def command(
 ) -> None:
     """KV bytes per token, resident tokens, sustainable work per replica at the SLO, and the
     replicas a target arrival rate needs (with N+1), each next to its assumptions."""
+    # deferred: the analysis (PyYAML) and the store (DuckDB) load only when this command runs
     from slokit.analysis import capacity
     from slokit.analysis.slo_spec import load_spec
-    from slokit.errors import BadInput
     from slokit.store.db import open_store
 
     spec = load_spec(slo_file)

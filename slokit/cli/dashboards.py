@@ -41,6 +41,8 @@ def build(
     gpu_replica_label: str,
 ) -> None:
     """Write slokit-{overview,latency,capacity,gpu}.json into --out."""
+    # deferred: the spec loader (PyYAML) and the generators load only when this command
+    # runs (``slokit --help`` stays fast)
     from slokit.analysis.slo_spec import load_spec
     from slokit.generate.dashboards import DashboardOptions, write_dashboards
     from slokit.generate.promql import Labels

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import click
 
 from slokit.cli._common import handle_errors
@@ -33,10 +36,7 @@ from slokit.cli._common import handle_errors
 @handle_errors
 def command(engine: str, out_dir: str, scale: float) -> None:
     """Run the whole job on one machine and print what an on-call engineer would see."""
-    import sys
-    from pathlib import Path
-
-    from slokit.lab.demo import DemoConfig, run_demo
+    from slokit.lab.demo import DemoConfig, run_demo  # deferred: the lab (aiohttp, DuckDB)
 
     sys.exit(
         run_demo(

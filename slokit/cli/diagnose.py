@@ -6,7 +6,8 @@ from typing import Any
 
 import click
 
-from slokit.cli._common import handle_errors, print_json
+import slokit
+from slokit.cli._common import default_db, handle_errors, print_json
 from slokit.cli._sources import SourceOptions, held_by_sidecar, open_reader, source_options
 from slokit.errors import BadInput
 
@@ -46,7 +47,8 @@ def command(
 
     Exit 0 when answered, 3 when there is no data in the window.
     """
-    import slokit
+    # deferred: the rules (pandas), the store and the sidecar client (httpx) load only when
+    # this command runs
     from slokit.analysis.diagnose import render_text
 
     opts = SourceOptions.pop(source)
@@ -59,7 +61,6 @@ def command(
         doc = SidecarClient(sidecar, token=opts.token).diagnose(since, until)
     elif save:
         from slokit.analysis.diagnose import store_findings
-        from slokit.cli._common import default_db
 
         with slokit.open_store(opts.db or default_db(), read_only=False) as store:
             result = slokit.diagnose(store, since, until, baseline=baseline)

@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+import slokit
 from slokit.cli._common import handle_errors, print_json
 from slokit.cli._sources import SourceOptions, held_by_sidecar, open_reader, source_options
 from slokit.errors import BadInput
@@ -51,6 +52,7 @@ def command(
     Exit 0 when answered, 3 when the request is not found (with --fleet: on any sidecar that
     answered), 2 on a bad id or SPEC.
     """
+    # deferred: explain (DuckDB) and the sidecar client (httpx) load only when this command runs
     from slokit.analysis.explain import render_text
 
     opts = SourceOptions.pop(source)
@@ -63,8 +65,6 @@ def command(
 
         doc = SidecarClient(sidecar, token=opts.token).explain(request_id)
     else:
-        import slokit
-
         spec = slokit.load_spec(slo_file) if slo_file else None
         with open_reader(opts) as reader:
             doc = slokit.explain(reader, request_id, slo=spec).to_dict()
@@ -78,7 +78,7 @@ def _explain_fleet(
     request_id: str, spec: str, opts: SourceOptions, as_json: bool, timeout_s: float
 ) -> None:
     """``--fleet SPEC``: ask every sidecar SPEC names (slokit.fleet)."""
-    # deferred like the other backends: explain loads pandas, the fleet client httpx
+    # deferred like the other backends: explain loads DuckDB, the fleet client httpx
     from slokit.analysis.explain import render_text
     from slokit.fleet import explain_fleet, resolve_fleet
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+import slokit
 from slokit.cli._common import handle_errors, print_json
 from slokit.cli._sources import SourceOptions, open_reader, source_options
 from slokit.errors import BadInput
@@ -72,8 +73,7 @@ def command(
 
     Exit 0 pass, 1 SLO breach or regression, 2 bad input.
     """
-    import slokit
-    from slokit.analysis import gate
+    from slokit.analysis import gate  # deferred: PyYAML, the SLO stack (``--help`` stays fast)
 
     opts = SourceOptions.pop(source)
     files = [f for f, x in (("--records", records_file), ("--vllm-bench", bench_file)) if x]

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from slokit.cli._common import db_option, handle_errors
+from slokit.errors import BadInput
+from slokit.timeutil import parse_time
 
-
-def _report(rep: object) -> None:
+if TYPE_CHECKING:
     from slokit.ingest import IngestReport
 
-    assert isinstance(rep, IngestReport)
+# slokit.ingest and the store (DuckDB, pyarrow, the OTLP decoder) are imported inside each
+# subcommand: deferred so that ``slokit --help`` stays fast.
+
+
+def _report(rep: IngestReport) -> None:
     parts = [f"{rep.files} file(s)"]
     if rep.fragments:
         parts.append(
@@ -38,7 +44,6 @@ def command() -> None:
 
 
 def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    from slokit.errors import BadInput
     from slokit.ingest import parse_size
 
     if value is None:
@@ -88,7 +93,6 @@ def metrics(paths: tuple[str, ...], instance: str | None, ts: str | None, db: st
     """Prometheus text / OpenMetrics files (vLLM and dcgm-exporter series)."""
     from slokit.ingest import ingest_metrics
     from slokit.store.db import open_store
-    from slokit.timeutil import parse_time
 
     default_ts = parse_time(ts) if ts else None
     with open_store(db) as store:

@@ -12,11 +12,10 @@ import click
 
 from slokit.cli._common import handle_errors
 from slokit.errors import BadInput
+from slokit.timeutil import parse_duration
 
 
 def _seconds(text: str, what: str) -> float:
-    from slokit.timeutil import parse_duration
-
     try:
         return float(text)
     except ValueError:
@@ -120,6 +119,7 @@ def command(
     traceparent so its record joins the server's spans. At the end, requests in flight get
     --drain to finish; the rest are recorded incomplete, apart from errors and timeouts.
     """
+    # deferred: the load generator (aiohttp, PyYAML) loads only when this command runs
     from slokit.lab.load import (
         LoadConfig,
         Progress,

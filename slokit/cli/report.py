@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+import slokit
 from slokit.cli._common import handle_errors
 from slokit.cli._sources import SourceOptions, open_reader, source_options
 from slokit.errors import BadInput
@@ -29,8 +30,6 @@ from slokit.errors import BadInput
 def command(out: str, slo_file: str, since: str | None, until: str | None, **source: Any) -> None:
     """Write an HTML report (plots, SLO attainment, cost, findings); no network needed to
     view it."""
-    import slokit
-
     spec = slokit.load_spec(slo_file)
     with open_reader(SourceOptions.pop(source)) as reader:
         result = slokit.html_report(reader, spec, since, until)

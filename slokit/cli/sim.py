@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import click
 
 from slokit.cli._common import handle_errors
@@ -83,8 +85,7 @@ def command(
     max_lag: float,
 ) -> None:
     """vLLM-compatible simulator: OpenAI API, /metrics, OTLP spans, DCGM, faults."""
-    import asyncio
-
+    # deferred: the simulator (aiohttp, prometheus_client) loads only when this command runs
     from slokit.lab.sim.faults import FaultError
     from slokit.lab.sim.server import SimCluster, SimSettings, serve_forever
 

@@ -6,8 +6,10 @@ from typing import Any
 
 import click
 
+import slokit
 from slokit.cli._common import handle_errors, print_json
 from slokit.cli._sources import SourceOptions, open_reader, source_options
+from slokit.timeutil import parse_duration
 
 
 @click.group("slo")
@@ -50,9 +52,6 @@ def report(
 ) -> None:
     """Per class and overall: attainment, burn rate, observed goodput, latency percentiles
     with 95% confidence intervals, and cost (when the spec prices GPUs)."""
-    import slokit
-    from slokit.timeutil import parse_duration
-
     sweep: str | float | None = None
     if sweep_by is not None:
         sweep = "run" if sweep_by == "run" else parse_duration(sweep_by)

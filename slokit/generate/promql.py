@@ -16,6 +16,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from slokit.errors import BadInput
+
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
@@ -29,8 +31,6 @@ class Labels:
     def __post_init__(self) -> None:
         for name in (self.replica, self.gpu_replica):
             if not _LABEL_NAME.match(name):
-                from slokit.errors import BadInput
-
                 raise BadInput(f"not a Prometheus label name: {name!r}")
 
 

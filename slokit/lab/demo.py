@@ -32,6 +32,17 @@ import httpx
 
 from slokit.data import data_path
 from slokit.errors import SlokitError
+from slokit.lab.load import LoadConfig, run_load
+from slokit.lab.tiny_model import build_with_interpreter, default_model_dir
+from slokit.lab.vllm_server import (
+    VllmServer,
+    VllmServerConfig,
+    start_together,
+    vllm_available,
+    vllm_python,
+)
+from slokit.lab.workload import load_workload
+from slokit.store.db import open_store
 from slokit.timeutil import iso
 
 # Package data (slokit/data, copies of examples/slo/chat.yaml and examples/workloads/), so the
@@ -156,9 +167,6 @@ async def _drive(
     cfg: DemoConfig, urls: list[str], otlp: str, echo: Echo
 ) -> tuple[list[Any], dict[str, float]]:
     """Run the phases one after another; the load summaries and each phase's start time."""
-    from slokit.lab.load import LoadConfig, run_load
-    from slokit.lab.workload import load_workload
-
     workload = load_workload(cfg.workload)
     summaries = []
     starts: dict[str, float] = {}
@@ -210,8 +218,6 @@ def _ms(v: float | None) -> str:
 
 def _worst_request(db: Path) -> str | None:
     """The interactive request that waited longest for its first token."""
-    from slokit.store.db import open_store
-
     with open_store(db, read_only=True) as store:
         return store.reader().slowest_request(source="vllm")
 
@@ -263,15 +269,6 @@ def _start_engines(
         dcgm_args = [f"http://127.0.0.1:{dcgm + i}/metrics" for i in range(2)]
         return urls, vllm_args, dcgm_args
     if cfg.engine == "vllm":
-        from slokit.lab.tiny_model import build_with_interpreter, default_model_dir
-        from slokit.lab.vllm_server import (
-            VllmServer,
-            VllmServerConfig,
-            start_together,
-            vllm_available,
-            vllm_python,
-        )
-
         if not vllm_available():
             raise SlokitError("real vLLM is not installed: run `make vllm-env` first")
         model_dir = default_model_dir()

@@ -103,6 +103,7 @@ class OtlpHttpCapture:
 
     def spans(self) -> list[CapturedSpan]:
         """Every span received so far, each with its resource attributes as plain values."""
+        # deferred: protobuf and the OTLP messages load only when spans are decoded
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
             ExportTraceServiceRequest,
         )

@@ -248,6 +248,7 @@ def build_with_interpreter(
 
 
 def _write_tokenizer(out: Path, spec: TinyModelSpec) -> None:
+    # deferred: tokenizers (and torch, transformers below) live only in the vLLM interpreter
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tokenizer = Tokenizer(models.BPE())

@@ -32,6 +32,7 @@ from aiohttp.typedefs import Handler
 from aiohttp.web_protocol import RequestPayloadError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+import slokit
 from slokit.analysis.slo_spec import SloSpec
 from slokit.errors import BadInput, NotFound
 from slokit.ids import MAX_REQUEST_ID_CHARS, candidate_ids, checked_request_id
@@ -190,6 +191,8 @@ class Api:
         return self.store.answers()
 
     async def explain(self, request: web.Request) -> web.Response:
+        # deferred: the explain stack is loaded on the first request for it (the sidecar's
+        # steady state stays off slokit.analysis beyond the SLO classes)
         from slokit.analysis.explain import explain_request
 
         rid = request.match_info.get("request_id", request.query.get("id"))
@@ -209,8 +212,6 @@ class Api:
         return _json(doc)
 
     async def diagnose(self, request: web.Request) -> web.Response:
-        import slokit
-
         since_raw, until_raw = request.query.get("since"), request.query.get("until")
 
         def run(con: Any) -> Any:
@@ -309,6 +310,8 @@ class Api:
 
     async def feedback(self, request: web.Request) -> web.Response:
         """``[{"request_id", "quality_pass"}]`` or one such object -> quality fragments."""
+        # deferred: the file parsers (and the load-tool readers they pull in) load on the
+        # first feedback POST, not in every running sidecar
         from slokit.sources.files import parse_quality
 
         try:

@@ -108,6 +108,7 @@ def without_content(
     body: bytes, content_type: str, encoding: str | None, *, max_bytes: int
 ) -> tuple[bytes, str, str | None]:
     """``body`` with its content removed (see the module doc); BadInput if undecodable."""
+    # deferred: the OTLP decoder (protobuf, pyarrow) loads only when content is stripped
     from slokit.sources.otlp import decompress, parse_request
 
     raw = decompress(body, encoding, max_bytes)

@@ -12,7 +12,10 @@ connections recycled, concurrent streams and metadata bounded, and client pings 
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from slokit.errors import BadInput
 from slokit.sidecar.connections import Limits
@@ -24,6 +27,7 @@ METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
 
 def _grpc() -> Any:
+    # deferred: grpcio is an optional extra, imported only when OTLP/gRPC is served
     try:
         import grpc
         import grpc.aio
@@ -75,12 +79,6 @@ class OtlpGrpcReceiver:
         self.port: int | None = None
 
     async def _export(self, request: bytes, context: Any) -> bytes:
-        import asyncio
-
-        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-            ExportTraceServiceResponse,
-        )
-
         grpc = _grpc()
         code = "OK"
         try:

@@ -38,7 +38,7 @@ from typing import Any
 
 import duckdb
 
-from slokit.analysis.slo import INCOMPLETE, OUTCOMES
+from slokit.analysis.slo import INCOMPLETE, OUTCOMES, classify
 from slokit.analysis.slo_spec import SloSpec
 from slokit.sidecar.labels import LabelBudget, LabelLimit
 from slokit.sidecar.metrics import SLI_LABELS, SidecarMetrics
@@ -127,8 +127,6 @@ class SliAccountant:
             if status == INCOMPLETE:
                 return UNCLASSIFIED, INCOMPLETE
             return UNCLASSIFIED, "good" if status == "ok" else "error"
-        from slokit.analysis.slo import classify
-
         cls, outcome = classify(record, self.spec)
         return cls or UNCLASSIFIED, outcome
 

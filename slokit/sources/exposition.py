@@ -112,6 +112,8 @@ def parse_exposition(
         # it was cut off.
         raise BadInput(f"line {text.count(chr(10)) + 1}: truncated (no line feed at the end)")
     om = is_openmetrics(text) if openmetrics is None else openmetrics
+    # deferred: prometheus_client's parsers load only for what the fast parser declines;
+    # fastparse imports this module (a cycle at the top)
     if om:
         from prometheus_client.openmetrics.parser import text_fd_to_metric_families
 

@@ -30,7 +30,7 @@ class NvmlPoll:
 
 
 def _import_pynvml() -> ModuleType:
-    import pynvml
+    import pynvml  # deferred: nvidia-ml-py is the optional `nvml` extra
 
     return pynvml
 

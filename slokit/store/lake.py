@@ -30,6 +30,7 @@ import duckdb
 
 from slokit.errors import NotFound
 from slokit.store import queries
+from slokit.store.frames import data_bounds
 from slokit.store.lake_export import TABLES
 from slokit.store.reader import LocalReader
 
@@ -78,7 +79,7 @@ class LakeFile:
 def store_columns() -> dict[str, list[tuple[str, str]]]:
     """The store's columns and types of every lake table, from an empty in-memory store
     (the migrations are the one definition of the schema)."""
-    from slokit.store.db import open_store
+    from slokit.store.db import open_store  # deferred: the writable store loads pyarrow
 
     with open_store(":memory:") as store:
         return {
@@ -155,8 +156,6 @@ class LakeReader(LocalReader):
     def bounds(self) -> tuple[float | None, float | None]:
         """The oldest time is in the oldest minute's files; the newest in the last
         ``lookback_s`` of files (a request's finish is after its arrival's minute)."""
-        from slokit.store.frames import data_bounds
-
         tables = ("requests", "engine_samples", "gpu_samples")
         spans = [f for t in tables for f in self.files[t]]
         if not spans:

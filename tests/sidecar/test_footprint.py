@@ -26,7 +26,10 @@ from slokit.errors import BadInput
 from slokit.sidecar.config import load_config
 
 #: Light pure-Python parts of slokit.analysis the SLI accounting and the API need.
-ALLOWED_ANALYSIS = {"slokit.analysis", "slokit.analysis.slo", "slokit.analysis.slo_spec"}
+ALLOWED_ANALYSIS = {"slokit.analysis", "slokit.analysis.slo", "slokit.analysis.slo_spec"} | {
+    f"slokit.analysis.slo.{m}"  # the slo package's pure-Python parts
+    for m in ("_classify", "_render", "_report", "_stats", "_sweep", "_window")
+}
 
 #: What a sidecar's steady state must not load (top-level packages or slokit subpackages).
 FORBIDDEN = ("pandas", "grafanalib", "matplotlib", "scipy", "slokit.lab", "slokit.generate")

@@ -33,6 +33,7 @@ from typing import Any
 import pandas as pd
 
 from slokit.store.reader import Reader, RouterReader
+from slokit.timeutil import iso
 
 #: Sources a rule may need. ``spans`` means requests carrying vLLM's own timing split
 #: (queue/prefill/decode from the ``llm_request`` span), not just client timings.
@@ -95,8 +96,6 @@ class SourceInfo:
         return self.rows > 0
 
     def to_json(self) -> dict[str, Any]:
-        from slokit.timeutil import iso
-
         return {
             "present": self.present,
             "rows": self.rows,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from slokit.analysis.slo._classify import LATENCY_METRICS, PERCENTILES
 from slokit.analysis.slo._report import SloReport
 from slokit.analysis.slo._stats import Percentile
+from slokit.timeutil import iso
 
 
 def _pct(v: float | None) -> str:
@@ -25,8 +26,6 @@ def _ms(p: Percentile | None) -> str:
 
 def render_text(report: SloReport) -> str:
     """A human summary: one block per class, then overall and the sweep."""
-    from slokit.timeutil import iso
-
     w = report.window
     lines = [
         f"SLO report for {report.service}: {iso(w.since) or '?'} .. {iso(w.until) or '?'}"

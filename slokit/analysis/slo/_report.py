@@ -19,6 +19,7 @@ from slokit.analysis.slo._stats import Percentile, latency_percentiles
 from slokit.analysis.slo._sweep import MaxGoodput, max_goodput, sweep_points
 from slokit.analysis.slo._window import Window, arrival, in_window, resolve_window
 from slokit.analysis.slo_spec import SloClass, SloSpec
+from slokit.timeutil import iso
 
 
 def burn_rate(attainment: float | None, objective: float) -> float | None:
@@ -116,8 +117,6 @@ class SloReport:
         raise KeyError(name)
 
     def to_json(self) -> dict[str, Any]:
-        from slokit.timeutil import iso
-
         return {
             "service": self.service,
             "window": {

@@ -59,6 +59,8 @@ def quantile_ci(
 
 
 def _z(confidence: float) -> float:
+    # deferred: statistics (and fractions) load only when a CI is computed, not in the
+    # sidecar, whose SLI accounting imports this package
     from statistics import NormalDist
 
     return NormalDist().inv_cdf(0.5 + confidence / 2.0)

@@ -21,7 +21,8 @@ class ClientTracer:
     """Exports one CLIENT span per request through the OpenTelemetry SDK."""
 
     def __init__(self, exporter: SpanExporter, *, batch: bool) -> None:
-        # Deferred: the SDK is only needed when spans are exported.
+        # deferred, here and below: OpenTelemetry (SDK, API, exporter) loads only when a run
+        # exports spans
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor

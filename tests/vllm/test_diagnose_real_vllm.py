@@ -305,6 +305,13 @@ def test_scale_out_with_round_robin_routing_is_prefix_affinity_loss(
     assert (ev["replicas_baseline"], ev["replicas_after"], ev["scale_out"]) == (1, 2, True)
     assert ev["hit_ratio_after"] < 0.7 * ev["hit_ratio_baseline"]
     assert not found & _RULED_OUT
+    # The loss is the root cause; the backlog it leaves is its consequence, never a cause.
+    serious = [g for g in doc["findings"] if g["severity"] != "info"]
+    if serious:
+        assert doc["root_causes"][0] == f["id"], json.dumps(doc["findings"], indent=1)[:4000]
+    for g in serious:
+        if g["rule"] in ("beyond_knee", "queue_saturation", "kv_pressure"):
+            assert f["id"] in {c["id"] for c in g["caused_by"]}, json.dumps(g, indent=1)
 
 
 def test_scale_out_with_prefix_aware_routing_is_not_prefix_affinity_loss(

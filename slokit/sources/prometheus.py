@@ -27,8 +27,8 @@ from slokit.sources.exposition import MetricFamily, Sample
 from slokit.sources.vllm_metrics import engine_samples_from_families
 
 #: The series slokit reads: vLLM's and dcgm-exporter's. vLLM's names may be stored with
-#: ``vllm_`` for ``vllm:``: prometheus_client (0.26) escapes the colon to an underscore when it
-#: answers a scrape in OpenMetrics, which Prometheus asks for first.
+#: ``vllm_`` for ``vllm:``: a server that answers Prometheus in OpenMetrics through
+#: prometheus_client (0.26) escapes the colon to an underscore.
 DEFAULT_MATCH = '{__name__=~"vllm[:_].+|DCGM_FI_.+"}'
 #: Prometheus refuses a range query with more points than this per series.
 MAX_POINTS = 11_000

@@ -35,8 +35,8 @@ PRESENCE = "vllm:num_requests_running"
 
 def series(metric: str) -> str:
     """A selector for ``metric`` (optionally with ``{matchers}``) that also matches vLLM's
-    names stored as ``vllm_...``: prometheus_client (0.26) escapes the colon when it answers
-    a scrape in OpenMetrics, which Prometheus asks for first. Other names are unchanged."""
+    names stored as ``vllm_...``: a server that answers Prometheus in OpenMetrics through
+    prometheus_client (0.26) escapes the colon. Other names are unchanged."""
     name, brace, rest = metric.partition("{")
     if not name.startswith("vllm:"):
         return metric

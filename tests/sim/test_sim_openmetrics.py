@@ -1,6 +1,7 @@
-"""The simulator negotiates /metrics as vLLM's server does: OpenMetrics 1.0 when the scrape's
-``Accept`` asks for it, the text format otherwise; both give the same engine sample, with
-vLLM's newer series (waiting by reason, prompt tokens by source, aborts)."""
+"""The simulator serves /metrics in the text format, as vLLM's Python frontend does, and in
+OpenMetrics 1.0 to a client that accepts only that (as vLLM's Rust frontend serves it); both
+give the same engine sample, with vLLM's newer series (waiting by reason, prompt tokens by
+source, aborts)."""
 
 from __future__ import annotations
 
@@ -57,6 +58,12 @@ def test_served_metrics_follow_the_accept_header(sim: RunningSim) -> None:
     text = httpx.get(f"{sim.url}/metrics")
     assert om.headers["content-type"].startswith("application/openmetrics-text")
     assert text.headers["content-type"].startswith("text/plain")
+    # Prometheus lists OpenMetrics first but accepts text: it gets text, as from vLLM
+    prom_accept = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
+                   "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1")  # fmt: skip
+    prom = httpx.get(f"{sim.url}/metrics", headers={"Accept": prom_accept})
+    assert prom.headers["content-type"].startswith("text/plain")
+    assert "vllm:num_requests_running" in prom.text
     assert om.text.endswith("# EOF\n")
     (es_om,) = parse_vllm_metrics(om.content, ts=1.0, replica="r")
     (es_text,) = parse_vllm_metrics(text.content, ts=1.0, replica="r")

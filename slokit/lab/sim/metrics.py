@@ -427,10 +427,14 @@ class VllmMetrics:
         return generate_latest(self.registry)
 
     def render_for(self, accept: str | None) -> tuple[bytes, str]:
-        """The exposition and its content type for a scrape's ``Accept`` header, negotiated as
-        vLLM's server does (prometheus_client's ``choose_encoder``): OpenMetrics 1.0 when
-        ``application/openmetrics-text`` is accepted, else the text format 0.0.4."""
-        encoder, content_type = choose_encoder(accept or "")
+        """The exposition and its content type for a scrape's ``Accept`` header. vLLM's Python
+        frontend answers ``/metrics`` in the text format 0.0.4 whatever the scrape accepts (its
+        instrumentator route; checked against a real vLLM 0.32 scraped by Prometheus, whose
+        Accept lists OpenMetrics first): so does the simulator, unless the client accepts
+        OpenMetrics only (as from vLLM's Rust frontend, which serves OpenMetrics 1.0 only)."""
+        types = [part.split(";")[0].strip() for part in (accept or "").split(",")]
+        only_om = bool(types) and all(t == "application/openmetrics-text" for t in types)
+        encoder, content_type = choose_encoder((accept or "") if only_om else "")
         return encoder(self.registry), content_type
 
 

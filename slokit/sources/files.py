@@ -38,6 +38,7 @@ from slokit.sources.exposition import (
     parse_exposition,
     parse_openmetrics_history,
 )
+from slokit.sources.loadtools._values import integer, number, string
 from slokit.sources.validate import Invalid, fragment_problem, timestamp_problem
 from slokit.sources.vllm_metrics import engine_samples_from_families
 
@@ -159,33 +160,6 @@ def _where(name: str, line: int | None) -> str:
     return f"{name}:{line}" if line is not None else name
 
 
-def _number(rec: dict[str, Any], key: str, where: str) -> float | None:
-    v = rec.get(key)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-        raise BadInput(f"{where}: {key} must be a finite number, got {v!r}")
-    return float(v)
-
-
-def _integer(rec: dict[str, Any], key: str, where: str) -> int | None:
-    v = _number(rec, key, where)
-    if v is None:
-        return None
-    if not v.is_integer() or v < 0:
-        raise BadInput(f"{where}: {key} must be a non-negative integer, got {rec[key]!r}")
-    return int(v)
-
-
-def _string(rec: dict[str, Any], key: str, where: str) -> str | None:
-    v = rec.get(key)
-    if v is None:
-        return None
-    if not isinstance(v, str):
-        raise BadInput(f"{where}: {key} must be a string, got {v!r}")
-    return v
-
-
 def _percentile(values: list[float], q: float) -> float | None:
     """Linear-interpolated percentile (as numpy's default), or None for no values."""
     if not values:
@@ -295,9 +269,9 @@ def _bench_run(doc: Any, where: str, prefix: str, now: float) -> list[RequestFra
         if error is not None and not isinstance(error, str):
             raise BadInput(f"{w}: errors entries must be strings")
         ok = not error
-        ttft = _number(rec, "ttfts", w)
-        e2e = _number(rec, "latencies", w)
-        out_tokens = _integer(rec, "output_lens", w)
+        ttft = number(rec, "ttfts", w)
+        e2e = number(rec, "latencies", w)
+        out_tokens = integer(rec, "output_lens", w)
         itls = _float_list(rec.get("itls"), "itls", w)
         if ids is not None:
             if not isinstance(ids[i], str) or not ids[i]:
@@ -314,7 +288,7 @@ def _bench_run(doc: Any, where: str, prefix: str, now: float) -> list[RequestFra
             client_e2e_s=e2e if ok else None,
             tpot_s=_tpot(e2e, ttft, out_tokens) if ok else None,
             itl_p95_s=_percentile(itls, 0.95) if ok else None,
-            prompt_tokens=_integer(rec, "input_lens", w),
+            prompt_tokens=integer(rec, "input_lens", w),
             output_tokens=out_tokens if ok else None,
             status="ok" if ok else "error",
             error_type=None if ok else _first_line(str(error)),
@@ -342,46 +316,46 @@ def parse_load_jsonl(
     seen: set[str] = set()
     for lineno, rec in _json_lines(text, name):
         w = f"{name}:{lineno}"
-        raw_id = _string(rec, cl.REQUEST_ID, w)
+        raw_id = string(rec, cl.REQUEST_ID, w)
         if not raw_id:
             raise BadInput(f"{w}: {cl.REQUEST_ID} is required")
         rid = _request_id(raw_id, w)
         if rid in seen:
             raise BadInput(f"{w}: {cl.REQUEST_ID} {raw_id!r} appears twice")
         seen.add(rid)
-        raw_status = _string(rec, cl.STATUS, w)
+        raw_status = string(rec, cl.STATUS, w)
         status = _STATUSES.get(raw_status) if raw_status is not None else None
         if raw_status is not None and status is None:
             raise BadInput(
                 f"{w}: {cl.STATUS} must be one of {sorted(_STATUSES)}, got {raw_status!r}"
             )
-        ttft = _number(rec, cl.TTFT_S, w)
-        e2e = _number(rec, cl.E2E_S, w)
-        out_tokens = _integer(rec, cl.OUTPUT_TOKENS, w)
-        http_status = _integer(rec, cl.HTTP_STATUS, w)
+        ttft = number(rec, cl.TTFT_S, w)
+        e2e = number(rec, cl.E2E_S, w)
+        out_tokens = integer(rec, cl.OUTPUT_TOKENS, w)
+        http_status = integer(rec, cl.HTTP_STATUS, w)
         frag = RequestFragment(
             request_id=rid,
             source="client",
             fragment_id=f"client:{rid}",
-            trace_id=_string(rec, cl.TRACE_ID, w),
-            model=_string(rec, cl.MODEL, w),
-            tenant=_string(rec, cl.TENANT, w),
-            slo_class=_string(rec, cl.SLO_CLASS, w),
-            task_id=_string(rec, cl.TASK_ID, w),
-            arrival_ts=_number(rec, cl.SEND_TS, w),
-            first_token_ts=_number(rec, cl.FIRST_TOKEN_TS, w),
-            finish_ts=_number(rec, cl.FINISH_TS, w),
+            trace_id=string(rec, cl.TRACE_ID, w),
+            model=string(rec, cl.MODEL, w),
+            tenant=string(rec, cl.TENANT, w),
+            slo_class=string(rec, cl.SLO_CLASS, w),
+            task_id=string(rec, cl.TASK_ID, w),
+            arrival_ts=number(rec, cl.SEND_TS, w),
+            first_token_ts=number(rec, cl.FIRST_TOKEN_TS, w),
+            finish_ts=number(rec, cl.FINISH_TS, w),
             client_ttft_s=ttft,
             client_e2e_s=e2e,
             tpot_s=_tpot(e2e, ttft, out_tokens),
             itl_p95_s=_percentile(_float_list(rec.get(cl.ITL_S), cl.ITL_S, w), 0.95),
-            prompt_tokens=_integer(rec, cl.PROMPT_TOKENS, w),
+            prompt_tokens=integer(rec, cl.PROMPT_TOKENS, w),
             output_tokens=out_tokens,
-            max_tokens=_integer(rec, cl.MAX_TOKENS, w),
-            finish_reason=_string(rec, cl.FINISH_REASON, w),
+            max_tokens=integer(rec, cl.MAX_TOKENS, w),
+            finish_reason=string(rec, cl.FINISH_REASON, w),
             status=status,
             http_status=http_status,
-            error_type=_string(rec, cl.ERROR_TYPE, w),
+            error_type=string(rec, cl.ERROR_TYPE, w),
         )
         out.append(_checked(frag, w, now_s))
     return out

@@ -191,7 +191,9 @@ def test_chat_ttft_ignores_the_role_chunk_sent_before_the_first_token(fake_vllm:
     rec = _run(_config(fake_vllm, rate=2.0, endpoint="chat")).records[0]
     assert fake_vllm.received[0]["body"]["messages"][0]["role"] == "user"
     assert rec["status"] == "ok"
-    assert rec["ttft_s"] == pytest.approx(0.15, abs=0.04)
+    # The role chunk comes at once, the first token after the server's 0.15 s: TTFT is the
+    # latter (a busy machine can only add to it).
+    assert rec["ttft_s"] >= 0.15
     assert len(rec["itl_s"]) == 4
 
 
@@ -211,8 +213,13 @@ def test_closed_loop_users_send_back_to_back(fake_vllm: FakeVllm) -> None:
     fake_vllm.behaviour.ttft_s = 0.1
     cfg = _config(fake_vllm, rate=None, users=2, duration_s=0.45, workload=_workload(output=1))
     result = _run(cfg)
-    # Each user fits 5 requests of ~0.1 s into 0.45 s (the last one starts before the end).
-    assert 8 <= len(result.records) <= 10
+    # Back to back: never more than the 2 users' requests in flight, each user sends again
+    # as soon as its answer is in (at most 5 of ~0.1 s into 0.45 s each; fewer when the
+    # machine is busy, never fewer than one per user).
+    assert 2 <= len(result.records) <= 10
+    spans = sorted((r["send_ts"], r["finish_ts"]) for r in result.records)
+    for i, (send, _) in enumerate(spans):
+        assert sum(1 for s0, f0 in spans[:i] if f0 > send) < 2, spans
     assert all(r["scheduled_ts"] is None for r in result.records)
     assert result.summary.mode == "closed"
 
@@ -273,9 +280,13 @@ def test_a_sweep_writes_one_file_per_rate_and_summarises_each(
 
 def test_the_summary_counts_outcomes_and_reports_latency_percentiles(fake_vllm: FakeVllm) -> None:
     fake_vllm.behaviour.ttft_s = 0.05
-    s = _run(_config(fake_vllm, rate=10.0)).summary
+    result = _run(_config(fake_vllm, rate=10.0))
+    s = result.summary
     assert (s.sent, s.ok, s.errors, s.timeouts) == (5, 5, 0, 0)
-    assert s.ttft_p50_s == pytest.approx(0.05, abs=0.03)
+    # The server holds each first token 50 ms: a floor; the p50 is the records' own median
+    # (a busy machine adds client time, never removes the server's).
+    ttfts = sorted(r["ttft_s"] for r in result.records)
+    assert s.ttft_p50_s == pytest.approx(ttfts[2]) and s.ttft_p50_s >= 0.05
     assert s.output_tokens == 25
     text = format_summary(s)
     assert "sent 5  ok 5" in text and "TTFT" in text

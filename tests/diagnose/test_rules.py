@@ -87,6 +87,39 @@ def test_ttft_rise_with_tpot_rise_is_not_queue_saturation(store: Store, run: Run
     assert "queue_saturation" not in rules(run())
 
 
+def test_a_backlog_that_fills_the_batch_is_queue_saturation_though_tpot_rose(
+    store: Store, run: Run
+) -> None:
+    # max_num_seqs=2 on a CPU: the batch goes 1 -> 2, each step takes 1.8x, the rest waits
+    store.append_fragments(
+        requests(queue_s=after(INCIDENT, 0.02, 1.5), tpot_s=after(INCIDENT, 0.02, 0.036))
+    )
+    store.append_engine_samples(
+        engine(running=after(INCIDENT, 1, 2), waiting=after(INCIDENT, 0, 25))
+    )
+    f = one(run(), "queue_saturation")
+    assert f["evidence"]["tpot_p50_ratio"] == pytest.approx(1.8)
+
+
+def test_tpot_rise_with_a_flat_batch_is_not_a_backlog(store: Store, run: Run) -> None:
+    store.append_fragments(
+        requests(queue_s=after(INCIDENT, 0.02, 1.5), tpot_s=after(INCIDENT, 0.02, 0.036))
+    )
+    store.append_engine_samples(engine(running=8, waiting=after(INCIDENT, 0, 25)))
+    assert "queue_saturation" not in rules(run())
+
+
+def test_tpot_rise_as_large_as_the_ttft_rise_is_not_a_backlog(store: Store, run: Run) -> None:
+    # TTFT 0.07 -> 0.17 s (2.4x), TPOT 2x: the slowdown is the steps', not the queue's
+    store.append_fragments(
+        requests(queue_s=after(INCIDENT, 0.02, 0.12), tpot_s=after(INCIDENT, 0.02, 0.04))
+    )
+    store.append_engine_samples(
+        engine(running=after(INCIDENT, 1, 2), waiting=after(INCIDENT, 0, 25))
+    )
+    assert "queue_saturation" not in rules(run())
+
+
 # -- prefill_saturation -------------------------------------------------------------------
 def test_prefill_saturation_fires_on_long_prompts(store: Store, run: Run) -> None:
     store.append_fragments(

@@ -13,7 +13,11 @@ episode is then classified:
 * ``prefill``: prefill time carries the larger share, or prompts grew ``PROMPT_GROWTH``
   times and prefill carries at least a fifth (the rest is queueing behind prefills), with
   TPOT flat;
-* ``None``: TPOT rose too (decode-side or overload: other rules judge it).
+* ``queue`` also when TPOT rose but only as the batch filled under overload: queue time
+  carries most of the increase, requests waited, the running batch grew ``batch_factor``
+  times, and TTFT rose ``ttft_factor`` times more than TPOT (on hardware whose step time
+  grows with the batch, a full batch slows decode while the backlog is the story);
+* ``None``: TPOT rose otherwise (decode-side: other rules judge it).
 """
 
 from __future__ import annotations
@@ -200,10 +204,27 @@ def _classify(ctx: DiagnoseContext, inc: TtftIncrease, *, timed: bool) -> str | 
     if gpu_idle and not batch_grew and inc.shares["queue"] >= 0.5:
         return "frontend"
     if inc.tpot_ratio is not None and inc.tpot_ratio > o.tpot_flat_factor:
-        return None
+        return "queue" if _overloaded(ctx, inc) else None
     # Longer prompts make every step prefill-heavy: requests then also queue behind the
     # prefill chunks. The cause is the prefill work, even when queue time carries more.
     prompt_ratio = ratio(inc.ep.get("prompt_mean"), inc.base.get("prompt_mean"))
     if prompt_ratio is not None and prompt_ratio >= PROMPT_GROWTH and inc.shares["prefill"] >= 0.2:
         return "prefill"
     return "queue" if inc.shares["queue"] >= inc.shares["prefill"] else "prefill"
+
+
+def _overloaded(ctx: DiagnoseContext, inc: TtftIncrease) -> bool:
+    """TPOT rose, but the episode is a backlog: the batch filled and the rest waited."""
+    o = ctx.options
+    if inc.tpot_ratio is None or inc.shares["queue"] < 0.5:
+        return False
+    if inc.running_mean is None or inc.running_base_mean is None:
+        return False
+    batch_ratio = inc.running_mean / max(inc.running_base_mean, 1.0)
+    if batch_ratio < o.batch_factor:
+        return False  # every step slowed with the batch flat: not the batch filling
+    if inc.waiting_peak is not None and inc.waiting_peak <= max(
+        1.0, 2 * (inc.waiting_base_peak or 0)
+    ):
+        return False
+    return inc.ttft_ratio >= o.ttft_factor * inc.tpot_ratio

@@ -35,7 +35,7 @@ class PrefillSaturation:
             prefill_ratio = ratio(inc.ep["prefill_mean"], inc.base["prefill_mean"])
             prompt_ratio = ratio(inc.ep["prompt_mean"], inc.base["prompt_mean"])
             summary = (
-                f"{ttft_headline(inc)}; prefill time carries {fmt_pct(share)} of the "
+                f"{ttft_headline(inc, ctx.options.tpot_flat_factor)}; prefill time carries {fmt_pct(share)} of the "
                 f"increase (mean prefill {fmt_s(num(inc.ep['prefill_mean']))} vs "
                 f"{fmt_s(num(inc.base['prefill_mean']))}, {fmt_x(prefill_ratio)})"
             )

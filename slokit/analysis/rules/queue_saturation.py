@@ -80,8 +80,18 @@ def queue_evidence(ctx: DiagnoseContext, inc: TtftIncrease) -> dict[str, object]
     return evidence
 
 
-def ttft_headline(inc: TtftIncrease) -> str:
-    tpot = f"TPOT flat ({fmt_x(inc.tpot_ratio)})" if inc.tpot_ratio is not None else "TPOT unknown"
+def ttft_headline(inc: TtftIncrease, flat_factor: float = 1.3) -> str:
+    if inc.tpot_ratio is None:
+        tpot = "TPOT unknown"
+    elif inc.tpot_ratio <= flat_factor:
+        tpot = f"TPOT flat ({fmt_x(inc.tpot_ratio)})"
+    else:  # a backlog that filled the batch: each step slowed as the batch grew
+        batch = (
+            f" as the running batch grew {inc.running_base_mean:.1f} -> {inc.running_mean:.1f}"
+            if inc.running_mean is not None and inc.running_base_mean is not None
+            else ""
+        )
+        tpot = f"TPOT rose only {fmt_x(inc.tpot_ratio)}{batch}"
     return (
         f"TTFT p95 {fmt_s(num(inc.ep['ttft_p95']))} vs {fmt_s(num(inc.base['ttft_p95']))} "
         f"baseline ({fmt_x(inc.ttft_ratio)}) while {tpot}"
@@ -130,7 +140,7 @@ class QueueSaturation:
             if inc.kind != "queue":
                 continue
             share = inc.shares["queue"]
-            summary = f"{ttft_headline(inc)}; queue time carries {fmt_pct(share)} of the increase"
+            summary = f"{ttft_headline(inc, ctx.options.tpot_flat_factor)}; queue time carries {fmt_pct(share)} of the increase"
             confirmed: bool | None = None
             if inc.waiting_peak is not None:
                 summary += f"; waiting peaked at {inc.waiting_peak:.0f}{on(inc.replica)}"

@@ -28,6 +28,7 @@ scenarios hold a cause and its consequences (their ranking: test_rca_accuracy.py
 | gateway_queueing           |   x   |    x    |   x    | x  |    .     |   x    |  .   |    x     |  x  |   x    |  x   |    R    |  .  |
 | telemetry_gap              |   x   |    x    |   x    | x  |    x     |   x    |  .   |    x     |  x  |   x    |  x   |    .    |  R  |
 | mixed_kv_decode            |   .   |    x    |   .    | R  |    x     |   x    |  .   |    x     |  x  |   x    |  x   |    .    |  .  |
+| mixed_prefix_knee          |   .   |    .    |   x    | .  |    x     |   R    |  .   |    x     |  x  |   x    |  x   |    .    |  .  |
 | mixed_throttle_burst       |   .   |    .    |   .    | x  |    x     |   x    |  .   |    R     |  x  |   x    |  x   |    .    |  .  |
 """
 

@@ -316,6 +316,32 @@ def _knee_reason(cause: Finding, effect: Finding) -> str:
     return "the fleet was offered more load than its capacity: the backlog queued"
 
 
+# -- a backlog fills the running batch -> bigger steps -> TPOT up ------------------------------
+
+
+def _backlog_batch(cause: Finding, effect: Finding) -> Verdict:
+    # The load filled the batch: arrivals grew at least as much as the batch did (when the
+    # batch grew with arrivals flat, slower requests grew it: the reverse chain), requests
+    # waited, and the queue episode saw TPOT rise with the batch.
+    arrivals, batch = _num(effect, "arrival_ratio"), _num(effect, "batch_ratio")
+    load = None if arrivals is None or batch is None else arrivals >= batch > 1.0
+    waiting, base = _num(cause, "waiting_peak"), _num(cause, "waiting_baseline_peak")
+    backlog = None if waiting is None else waiting > max(1.0, 2 * (base or 0.0))
+    tpot = _num(cause, "tpot_p50_ratio")
+    return _all(load, backlog, None if tpot is None else tpot > 1.0)
+
+
+def _backlog_reason(cause: Finding, effect: Finding) -> str:
+    waiting, batch = _num(cause, "waiting_peak"), _num(effect, "batch_ratio")
+    where = f" on {cause.replica}" if cause.replica else ""
+    queued = f" (waiting peaked at {waiting:.0f})" if waiting is not None else ""
+    grew = f" {batch:.1f}x" if batch is not None else ""
+    return (
+        f"the backlog{where}{queued} filled the running batch{grew}: each step carried more "
+        "sequences, stretching TPOT"
+    )
+
+
 _PREFIX_STEPS = ("prefill tokens up", "capacity down")
 _THROTTLE_STEPS = ("slower steps", "TPOT up", "capacity down")
 
@@ -390,6 +416,13 @@ CHAINS: Final[tuple[Chain, ...]] = (
         ("fewer tokens per step", "TPOT up"),
         _spec_slower,
         _spec_reason,
+    ),
+    Chain(
+        "queue_saturation",
+        "decode_saturation",
+        ("batch filled", "bigger steps", "TPOT up"),
+        _backlog_batch,
+        _backlog_reason,
     ),
     Chain(
         "beyond_knee",

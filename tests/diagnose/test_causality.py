@@ -68,6 +68,8 @@ LINKED: list[tuple[Finding, Finding]] = [
         acceptance_rate_baseline=0.7, tokens_per_step=1.3),
      _f("decode_saturation", "pod-a", tpot_ratio=1.5)),
     (_f("beyond_knee", **_KNEE), _f("queue_saturation", "pod-a", start=20, **_QUEUE)),
+    (_f("queue_saturation", "pod-a", tpot_p50_ratio=1.8, **_QUEUE),
+     _f("decode_saturation", "pod-a", start=5, arrival_ratio=11.6, batch_ratio=1.7)),
 ]  # fmt: skip
 
 
@@ -124,6 +126,10 @@ def test_evidence_against_the_link_refuses_it() -> None:
     # a handful of preemptions with a KV pool not full does not cap the batch
     light = {"kv_usage_mean": 0.6, "preemptions": 5.0, "preemptions_per_request": 0.03}
     assert analyse([_f("kv_pressure", "pod-a", **light), queue]).links == []
+    # the batch grew with arrivals flat: slower requests grew it, not the backlog
+    decode = _f("decode_saturation", "pod-a", arrival_ratio=1.0, batch_ratio=1.7)
+    backlog = _f("queue_saturation", "pod-a", tpot_p50_ratio=1.8, **_QUEUE)
+    assert analyse([backlog, decode]).links == []
     # the xid came with no failed requests
     xid = _f("gpu_xid", "pod-a", error_ratio=0.0)
     assert analyse([xid, _f("error_burst", "pod-a", errors=9)]).links == []

@@ -216,6 +216,10 @@ def test_burst_on_two_sequences_is_queue_saturation(
     # the rules' coverage first: it says why a rule that ran reported nothing
     assert "queue_saturation" in found, json.dumps([doc["coverage"]["rules"], doc], indent=1)[:8000]
     assert not found & {"kv_pressure", "prefill_saturation", "error_burst", "gpu_xid"}
+    # the backlog is the root cause; a full batch's slower decode is its consequence
+    assert [i.split("@")[0] for i in doc["root_causes"]] == ["queue_saturation"], json.dumps(
+        [(f["id"], f["severity"], f["summary"], f["caused_by"]) for f in doc["findings"]], indent=1
+    )
 
 
 def test_long_requests_in_a_small_kv_pool_are_kv_pressure(
@@ -235,6 +239,10 @@ def test_long_requests_in_a_small_kv_pool_are_kv_pressure(
     found = _rules(doc, "info")
     assert "kv_pressure" in found, json.dumps(doc, indent=1)[:4000]
     assert not found & {"error_burst", "gpu_xid", "prefix_affinity_loss"}
+    # the full KV pool is the root cause; what queued or slowed behind it, its consequence
+    assert [i.split("@")[0] for i in doc["root_causes"]] == ["kv_pressure"], json.dumps(
+        [(f["id"], f["severity"], f["summary"], f["caused_by"]) for f in doc["findings"]], indent=1
+    )
 
 
 @pytest.fixture

@@ -24,9 +24,9 @@ venv: $(VENV)/.installed
 vllm-env:
 	bash scripts/vllm-env.sh $(VLLM_VENV)
 
-# .venv-aiperf (and .venv-guidellm): the real load tools for tests/loadtools. `make test`
-# builds the ones the suite runs (LOADTOOLS); `make loadtools-env LOADTOOLS="aiperf guidellm"`.
-LOADTOOLS ?= aiperf
+# .venv-aiperf and .venv-guidellm: the real load tools for tests/loadtools. `make test`
+# builds the ones the suite runs (LOADTOOLS, both); e.g. `make loadtools-env LOADTOOLS=aiperf`.
+LOADTOOLS ?= aiperf guidellm
 loadtools-env:
 	SLOKIT_LOADTOOLS="$(LOADTOOLS)" bash scripts/loadtools-env.sh
 

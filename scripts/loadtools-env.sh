@@ -16,9 +16,11 @@
 #   SLOKIT_LOADTOOLS_BASE_PYTHON   interpreter that creates the venvs (default: python3.11, then python3)
 set -euo pipefail
 
-ALL_TOOLS=("aiperf:aiperf==0.13.0" "guidellm:guidellm==0.8.1")
+# GuideLLM requires torch (any version): the CPU build vllm-env installs too (pip's
+# configuration serves it) keeps its venv at about a fifth of the CUDA build's 6 GB.
+ALL_TOOLS=("aiperf:aiperf==0.13.0" "guidellm:guidellm==0.8.1 torch==2.13.0+cpu")
 # SLOKIT_LOADTOOLS: which of them to build (default all); `make test` builds the ones its
-# tests run (AIPerf).
+# tests run (both: tests/loadtools/test_aiperf_real.py and test_guidellm_real.py).
 TOOLS=()
 for entry in "${ALL_TOOLS[@]}"; do
     for want in ${SLOKIT_LOADTOOLS:-aiperf guidellm}; do
@@ -64,7 +66,8 @@ for entry in "${TOOLS[@]}"; do
             || die "python -m venv ${venv} failed (on Debian/Ubuntu: apt-get install python3-venv)"
     fi
     py="${venv}/bin/python"
-    "${py}" -m pip install -qq --disable-pip-version-check "${spec}" \
+    read -ra pkgs <<<"${spec}"
+    "${py}" -m pip install -qq --disable-pip-version-check "${pkgs[@]}" \
         || die "pip install ${spec} into ${venv} failed (see above)"
     versions="$("${py}" -c "
 import importlib.metadata as m, tokenizers, transformers

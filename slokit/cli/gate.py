@@ -33,10 +33,13 @@ def _write(path: str, text: str) -> None:
 )
 @source_options("lake", "sidecar")
 @click.option(
+    "--run",
     "--records",
     "records_file",
     type=click.Path(dir_okay=False),
-    help="Gate on a slokit load JSONL file.",
+    help="Gate on a load test's per-request results, told apart by content: slokit load "
+    "JSONL, AIPerf profile_export.jsonl, a GuideLLM report (JSON or YAML), inference-perf's "
+    "per-request file, a vllm bench --save-detailed JSON.",
 )
 @click.option(
     "--vllm-bench",
@@ -69,14 +72,14 @@ def command(
     **source: Any,
 ) -> None:
     """Check attainment, burn rate and percentile bounds per SLO class against the spec's
-    gate section; input from the store (default), a load JSONL, or a vLLM bench JSON.
+    gate section; input from the store (default), a load test's results (--run) or a vLLM bench JSON.
 
     Exit 0 pass, 1 SLO breach or regression, 2 bad input.
     """
     from slokit.analysis import gate  # deferred: PyYAML, the SLO stack (``--help`` stays fast)
 
     opts = SourceOptions.pop(source)
-    files = [f for f, x in (("--records", records_file), ("--vllm-bench", bench_file)) if x]
+    files = [f for f, x in (("--run", records_file), ("--vllm-bench", bench_file)) if x]
     stores = [f"--{b}" for b in ("db", "lake", "sidecar") if getattr(opts, b)]
     if len(files) + len(stores) > 1:
         raise BadInput(f"give one input: {' or '.join(files + stores)}")

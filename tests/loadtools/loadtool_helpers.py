@@ -1,5 +1,6 @@
 """Helpers for running real load tools: each tool's venv (scripts/loadtools-env.sh), a local
-tokenizer (no hub download), an offline environment and the request ids the simulator served.
+tokenizer (no hub download), an offline environment, the model and the request ids the
+simulator served.
 
 A tool's tests skip when its venv is absent, unless ``SLOKIT_REQUIRE_LOADTOOLS`` is set: then
 they fail.
@@ -7,9 +8,11 @@ they fail.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -72,6 +75,12 @@ def offline_env(home: Path) -> dict[str, str]:
         "HOME": str(home),
         "NO_COLOR": "1",
     }
+
+
+def served_model(url: str) -> str:
+    """The model the OpenAI-compatible server at ``url`` serves (its first ``/v1/models``)."""
+    with urllib.request.urlopen(url + "/v1/models", timeout=10) as r:
+        return str(json.load(r)["data"][0]["id"])
 
 
 def served_ids(spans: InMemorySpanExporter, want: set[str], wait_s: float = 15.0) -> set[str]:

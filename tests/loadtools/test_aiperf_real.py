@@ -78,7 +78,7 @@ def test_gate_on_aiperfs_file_reports_aiperfs_figures(aiperf_run):
     records, aggregate, _ = aiperf_run
     agg = json.loads(aggregate.read_text())
     res = CliRunner().invoke(
-        cli_main, ["gate", "--slo", str(SLO), "--records", str(records), "--json"]
+        cli_main, ["gate", "--slo", str(SLO), "--run", str(records), "--json"]
     )
     assert res.exit_code in (0, 1), res.output
     pct = json.loads(res.output)["report"]["overall"]["percentiles"]

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from slokit.errors import BadInput
+from slokit.ids import checked_request_id
 from slokit.sources import loadtools
 from slokit.sources.files import parse_requests_file, read_text
 from slokit.sources.runs import load_run_file
@@ -126,6 +127,72 @@ def test_guidellm_errored_are_errors_and_incomplete_are_incomplete():
 def test_guidellm_summary_without_requests_is_refused_naming_the_tool():
     with pytest.raises(BadInput, match="GuideLLM report without per-request entries"):
         _parse("guidellm-summary.json")
+
+
+#: Trimmed from a real ``guidellm run`` (0.8.1) against ``slokit sim`` with a 500-error fault
+#: and a max_duration cut (tests/loadtools/test_guidellm_real.py): two successful requests,
+#: one errored, three incomplete (the second dispatched as the benchmark ended, after its
+#: measurement window), request_totals trimmed with them.
+GUIDELLM_RUN = "guidellm-0.8.1-run.json"
+GUIDELLM_NOW = 1796099292.0 + 86400.0  # a day after the run
+
+
+def _guidellm_run(doc: dict | None = None) -> list:
+    text = json.dumps(doc) if doc is not None else _read(GUIDELLM_RUN)
+    return parse_requests_file(text, name=GUIDELLM_RUN, now=GUIDELLM_NOW)
+
+
+def test_guidellm_real_report_imports_what_guidellm_measured_with_its_status():
+    frags = {f.request_id: f for f in _guidellm_run()}
+    assert [f.status for f in frags.values()] == ["ok", "ok", "error", "incomplete", "incomplete"]
+    ok = frags["b547a7b4a34df4c6b08766cd8cd45828"]  # chatcmpl-<id> -> <id>
+    assert ok.arrival_ts == pytest.approx(1796099287.3517501)
+    assert ok.finish_ts == pytest.approx(1796099287.8769433)
+    assert ok.client_ttft_s == pytest.approx(0.016773462295532227)
+    assert ok.client_e2e_s == pytest.approx(0.5251932144165039)
+    assert ok.tpot_s == pytest.approx(0.008055558280339318)  # inter_token_latency_ms
+    assert (ok.prompt_tokens, ok.output_tokens, ok.http_status, ok.error_type) == (
+        14,
+        64,
+        None,
+        None,
+    )
+
+
+def test_guidellm_real_error_is_the_exception_type_and_http_status():
+    (err,) = [f for f in _guidellm_run() if f.status == "error"]
+    # info.error is repr(httpx.HTTPStatusError(...)): one line naming the URL
+    assert (err.error_type, err.http_status) == ("HTTPStatusError", 500)
+    assert err.request_id.count("-") == 4  # no answer: GuideLLM's own request id (a UUID)
+    assert err.finish_ts is None and err.client_e2e_s is None
+
+
+def test_guidellm_real_incomplete_requests_are_incomplete_not_errors():
+    cut = [f for f in _guidellm_run() if f.status == "incomplete"]
+    assert [f.request_id for f in cut] == [
+        "d675d133f2669da0a1595c099fe2142a",
+        "3da52d4183e421a50ccc6462d833bbb0",
+    ]
+    assert all(f.error_type is None and f.http_status is None for f in cut)
+    assert [f.output_tokens for f in cut] == [49, 35]  # streamed until cancelled
+    assert all(f.client_ttft_s is not None and f.client_e2e_s is None for f in cut)
+
+
+def test_guidellm_requests_outside_its_measurement_window_are_left_out_as_guidellm_does():
+    doc = json.loads(_read(GUIDELLM_RUN))
+    late = doc["benchmarks"][0]["requests"]["incomplete"][1]
+    window_end = doc["benchmarks"][0]["scheduler_metrics"]["measure_end_time"]
+    assert late["request_start_time"] > window_end
+    assert checked_request_id(late["request_id"]) not in {f.request_id for f in _guidellm_run()}
+    del doc["benchmarks"][0]["scheduler_metrics"]  # no window: every entry counts
+    assert len(_guidellm_run(doc)) == 6
+
+
+def test_guidellm_sampled_report_is_refused_naming_sample_size():
+    doc = json.loads(_read(GUIDELLM_RUN))
+    doc["benchmarks"][0]["metrics"]["request_totals"]["successful"] = 25
+    with pytest.raises(BadInput, match=r"kept 2 of its 25 successful requests.*sample_size"):
+        _guidellm_run(doc)
 
 
 # --- inference-perf per_request_lifecycle_metrics.json --------------------------------------

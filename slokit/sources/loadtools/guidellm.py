@@ -1,12 +1,16 @@
-"""GuideLLM's benchmark report (``guidellm benchmark --outputs json``) -> client fragments.
+"""GuideLLM's benchmark report (``guidellm run --output kind=json``) -> client fragments.
 
-Schema checked against guidellm 0.8.1 (vllm-project/guidellm, ``src/guidellm/benchmark/
-schemas/report.py`` ``GenerativeBenchmarksReport``, ``.../schemas/benchmark.py``
-``GenerativeBenchmark``, ``src/guidellm/schemas/request_stats.py``
-``GenerativeRequestStats``, ``src/guidellm/schemas/info.py`` ``RequestInfo``)::
+Schema checked against guidellm 0.8.1's source and real runs against ``slokit sim``
+(tests/loadtools/test_guidellm_real.py; vllm-project/guidellm,
+``src/guidellm/benchmark/schemas/report.py`` ``GenerativeBenchmarksReport``,
+``.../benchmark/schemas/benchmark.py`` ``GenerativeBenchmark``,
+``src/guidellm/schemas/base/request_stats.py`` ``GenerativeRequestStats``,
+``src/guidellm/schemas/base/info.py`` ``RequestInfo``)::
 
     {"metadata": {"guidellm_version": ...}, "config": {...},
-     "benchmarks": [{"type_": "generative_benchmark", "metrics": {...},
+     "benchmarks": [{"type_": "generative_benchmark",
+                     "scheduler_metrics": {"measure_start_time": ..., "measure_end_time": ...},
+                     "metrics": {"request_totals": {"successful": N, ...}, ...},
                      "requests": {"successful": [...], "incomplete": [...],
                                   "errored": [...]}}]}
 
@@ -19,14 +23,26 @@ that got no answer); ``info.timings.request_start``/``first_token_iteration``/``
 slokit's TPOT; GuideLLM's own ``time_per_output_token_ms`` divides by all output tokens and is
 not used) -> ``tpot_s``; ``prompt_tokens``/``output_tokens``. GuideLLM keeps no per-token
 gaps, so ``itl_p95_s`` stays unknown. Status: ``successful`` -> ``ok``, ``errored`` ->
-``error`` (``error_type`` the first line of ``info.error``), ``incomplete`` (cut by the
-benchmark's end) -> ``incomplete``. Every benchmark of a sweep report is read.
+``error``, ``incomplete`` (in flight when the benchmark ended: cancelled) -> ``incomplete``.
+An error's ``info.error`` is the ``repr()`` of the exception GuideLLM caught
+(``HTTPStatusError("Server error '500 Internal Server Error' for url ...")``): its type ->
+``error_type``, the status httpx names -> ``http_status``; any other text -> its first line.
+Every benchmark of a sweep report is read.
 
-A report whose benchmarks carry no request entries (a summary) is refused by :func:`parse`.
+Only the requests GuideLLM measured are imported, so that slokit counts what GuideLLM's own
+metrics count: those overlapping its measurement window
+(``scheduler_metrics.measure_start_time``/``measure_end_time``: the benchmark less warmup and
+cooldown) by ``request_start_time``/``request_end_time``, GuideLLM's rule
+(``GenerativeRequestsAccumulator.get_within_range``); left out are warmup and cooldown
+requests and those dispatched as the benchmark ended (cancelled at once). A report whose
+benchmarks carry no request entries (``--metrics sample_size=0``, a summary) or only a sample
+of them (``sample_size=N``: fewer measured entries than ``metrics.request_totals``) is
+refused by :func:`parse`: attainment over a sample would not count the run's requests.
 """
 
 from __future__ import annotations
 
+import re
 import time
 
 from slokit.errors import BadInput
@@ -40,6 +56,19 @@ _GROUPS: tuple[tuple[str, RequestStatus], ...] = (
     ("successful", "ok"),
     ("errored", "error"),
     ("incomplete", "incomplete"),
+)
+
+#: ``repr()`` of an exception: ``TypeName(args...)``.
+_REPR = re.compile(r"(?P<type>[A-Za-z_][\w.]*)\((?P<args>.*)\)", re.DOTALL)
+#: httpx's HTTPStatusError message: ``Server error '500 Internal Server Error' for url ...``.
+_HTTPX_STATUS = re.compile(
+    r"(?:Informational response|Redirect response|Client error|Server error) '(\d{3}) "
+)
+
+_SUMMARY = (
+    "{name}: a GuideLLM report without per-request entries (a summary): give the full JSON "
+    "report (guidellm run --output kind=json, without --metrics sample_size), whose "
+    "benchmarks keep their requests"
 )
 
 
@@ -59,6 +88,14 @@ def _ms(rec: dict[str, v.Json], key: str, where: str) -> float | None:
     return x / 1000.0 if x is not None else None
 
 
+def _error(error: str) -> tuple[str, int | None]:
+    """``info.error`` -> (error type, HTTP status when httpx named one)."""
+    m = _HTTPX_STATUS.search(error)
+    status = int(m.group(1)) if m else None
+    r = _REPR.fullmatch(error.strip())
+    return (r["type"] if r else v.brief(error)), status
+
+
 def _request(rec: v.Json, status: RequestStatus, where: str, now: float) -> RequestFragment:
     r = v.obj(rec, "request", where)
     info = v.obj(r.get("info"), "info", where)
@@ -68,6 +105,7 @@ def _request(rec: v.Json, status: RequestStatus, where: str, now: float) -> Requ
         raise BadInput(f"{where}: has neither response_id nor request_id")
     rid = v.request_id(raw_id, where)
     error = v.string(info, "error", where)
+    error_type, http_status = _error(error) if status == "error" and error else (None, None)
     frag = RequestFragment(
         request_id=rid,
         source="client",
@@ -81,26 +119,75 @@ def _request(rec: v.Json, status: RequestStatus, where: str, now: float) -> Requ
         prompt_tokens=v.integer(r, "prompt_tokens", where),
         output_tokens=v.integer(r, "output_tokens", where),
         status=status,
-        error_type=v.brief(error) if status == "error" and error else None,
+        http_status=http_status,
+        error_type=error_type,
     )
     return v.checked(frag, where, now)
 
 
+def _window(b: dict[str, v.Json], where: str) -> tuple[float, float] | None:
+    """GuideLLM's measurement window (None in a report without one: every request counts)."""
+    sm = v.obj(b.get("scheduler_metrics"), "scheduler_metrics", where)
+    start = v.number(sm, "measure_start_time", where)
+    end = v.number(sm, "measure_end_time", where)
+    return (start, end) if start is not None and end is not None else None
+
+
+def _measured(rec: v.Json, window: tuple[float, float] | None, where: str) -> bool:
+    """Whether GuideLLM counted the request: it overlaps the window (one without an end time
+    never does; one without a start is an instant at its end)."""
+    if window is None:
+        return True
+    r = v.obj(rec, "request", where)
+    end = v.number(r, "request_end_time", where)
+    if end is None:
+        return False
+    start = v.number(r, "request_start_time", where)
+    return end >= window[0] and (end if start is None else start) <= window[1]
+
+
+#: One request group of a benchmark: its name, slokit's status and its measured entries, each
+#: with its index in the group.
+_Group = tuple[str, RequestStatus, list[tuple[int, v.Json]]]
+
+
+def _groups(bench: v.Json, where: str) -> list[_Group]:
+    """The measured requests of each group of one benchmark, refused when GuideLLM kept only a
+    sample of them."""
+    b = v.obj(bench, "benchmark", where)
+    groups = v.obj(b.get("requests"), "requests", where)
+    totals = v.obj(
+        v.obj(b.get("metrics"), "metrics", where).get("request_totals"), "request_totals", where
+    )
+    window = _window(b, where)
+    out: list[_Group] = []
+    for group, status in _GROUPS:
+        entries = [
+            (i, rec)
+            for i, rec in enumerate(v.items(groups.get(group), group, where))
+            if _measured(rec, window, f"{where}.requests.{group}[{i}]")
+        ]
+        counted = v.integer(totals, group, f"{where}.metrics.request_totals")
+        if entries and counted is not None and len(entries) < counted:
+            raise BadInput(
+                f"{where}: GuideLLM kept {len(entries)} of its {counted} {group} requests "
+                "(--metrics sample_size): run it without sample_size so that the report "
+                "keeps every request"
+            )
+        out.append((group, status, entries))
+    return out
+
+
 def parse(text: str, name: str, now: float | None = None) -> list[RequestFragment]:
-    """Every request entry of every benchmark of the report as a client fragment."""
+    """Every measured request of every benchmark of the report as a client fragment."""
     now_s = time.time() if now is None else now
     doc = v.obj(v.loads(text, name), "the report", name)
     out: list[RequestFragment] = []
     for b, bench in enumerate(v.items(doc.get("benchmarks"), "benchmarks", name)):
         wb = f"{name}: benchmarks[{b}]"
-        groups = v.obj(v.obj(bench, "benchmark", wb).get("requests"), "requests", wb)
-        for group, status in _GROUPS:
-            for i, rec in enumerate(v.items(groups.get(group), group, wb)):
+        for group, status, entries in _groups(bench, wb):
+            for i, rec in entries:
                 out.append(_request(rec, status, f"{wb}.requests.{group}[{i}]", now_s))
     if not out:
-        raise BadInput(
-            f"{name}: a GuideLLM report without per-request entries (a summary): give the "
-            "full JSON report (guidellm benchmark --outputs json), whose benchmarks keep "
-            "their requests"
-        )
+        raise BadInput(_SUMMARY.format(name=name))
     return v.unique(out, name)

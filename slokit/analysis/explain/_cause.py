@@ -179,8 +179,9 @@ def _what(
         )
     if dominant == "client":
         return (
-            f"{fmt_s(comps.client_s)}{share_txt} was spent outside the engine "
-            "(network, gateway, HTTP, tokenization)"
+            f"{fmt_s(comps.client_s)}{share_txt} was spent before vLLM stamped the request's "
+            "arrival or after its last output (network, gateway, the API server reading the "
+            "request or waiting for CPU)"
         )
     return None
 

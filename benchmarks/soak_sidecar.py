@@ -73,9 +73,10 @@ class Replicas:
 
 
 def _sender(url: str, replica: int, per_s: float, stop: threading.Event,
-            latencies: list[float], failures: list[int], sent: list[int]) -> None:  # fmt: skip
-    """vLLM's BatchSpanProcessor: export when 512 spans are queued or 5 s have passed."""
-    batch = 512
+            latencies: list[float], failures: list[int], sent: list[int],
+            batch: int = 512) -> None:  # fmt: skip
+    """vLLM's BatchSpanProcessor: export when ``batch`` (512) spans are queued or 5 s have
+    passed; a small ``batch`` is a gateway or clients exporting a few requests at a time."""
     every_s = min(5.0, batch / per_s)
     n = max(1, round(per_s * every_s))
     index = replica * 1_000_000_000
@@ -122,6 +123,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--duration", type=float, default=600.0, help="seconds of load")
     ap.add_argument("--rate", type=float, default=200.0, help="requests/s over all replicas")
     ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--spans-per-export", type=int, default=512,
+                    help="512: vLLM's batch span processor; e.g. 20: a gateway or clients "
+                    "exporting per request")  # fmt: skip
     ap.add_argument("--warmup", type=float, default=None, help="seconds (default 10%%, >= 30)")
     ap.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = ap.parse_args(argv)
@@ -149,7 +153,8 @@ def main(argv: list[str]) -> int:
         sent: list[int] = []
         senders = [
             threading.Thread(target=_sender, args=(f"http://127.0.0.1:{otlp}/v1/traces", r,
-                             args.rate / args.replicas, stop, latencies, failures, sent))
+                             args.rate / args.replicas, stop, latencies, failures, sent,
+                             args.spans_per_export))
             for r in range(args.replicas)
         ]  # fmt: skip
         for s in senders:
@@ -182,6 +187,7 @@ def main(argv: list[str]) -> int:
             "duration_s": args.duration,
             "rate_rps": args.rate,
             "replicas": args.replicas,
+            "spans_per_export": args.spans_per_export,
             "warmup_s": warmup,
             "requests_acked": sum(sent),
             "exports_acked": len(latencies),

@@ -243,3 +243,76 @@ def test_gate_run_file_refuses_an_aggregate(tmp_path):
     shutil.copy(FIXTURES / "aiperf-profile_export_aiperf.json", path)
     with pytest.raises(BadInput, match="AIPerf's aggregate"):
         load_run_file(str(path), "records")
+
+
+# --- inference-perf: what its real output holds (inference-perf-0.5.0-run.json) -------------
+
+IP_RUN = "inference-perf-0.5.0-run.json"
+
+
+def _ip_records() -> list[dict]:
+    return json.loads(_read(IP_RUN))
+
+
+def _ip_parse(records: list[dict]) -> list:
+    """``records`` written as inference-perf writes them (``json.dumps(..., indent=2)``)."""
+    return parse_requests_file(json.dumps(records, indent=2), name="run/lc.json", now=NOW)
+
+
+def test_inference_perf_file_with_long_request_and_stream_first_is_recognised():
+    # inference-perf writes request and response (the whole SSE stream) before info: a long
+    # prompt pushes info far past the head of the file
+    ok = next(r for r in _ip_records() if r["error"] is None)
+    body = json.loads(ok["request"])
+    body["prompt"] = "x " * 5000
+    ok["request"] = json.dumps(body)
+    text = json.dumps([ok], indent=2)
+    assert text.index('"info"') > 4096
+    imp = loadtools.detect(text)
+    assert imp is not None and imp.TOOL == "inference-perf"
+    (frag,) = _ip_parse([ok])
+    assert frag.status == "ok" and frag.client_ttft_s is not None
+
+
+def test_inference_perf_request_is_keyed_by_the_servers_response_id():
+    ok = next(r for r in _ip_records() if r["error"] is None)
+    raw_id = json.loads(ok["response"].removeprefix("data: "))["id"]
+    assert raw_id.startswith("cmpl-")
+    (streamed,) = _ip_parse([ok])
+    assert streamed.request_id == checked_request_id(raw_id) == raw_id.removeprefix("cmpl-")
+    assert streamed.fragment_id == f"client:{streamed.request_id}"
+    unary = dict(ok, response=json.dumps({"id": "chatcmpl-u1", "choices": []}))
+    assert _ip_parse([unary])[0].request_id == "u1"
+    anthropic = dict(
+        ok,
+        response='event: message_start\ndata: {"type": "message_start", "message": {"id": "msg_1"}}\n\n',
+    )
+    assert _ip_parse([anthropic])[0].request_id == "msg_1"
+    nothing = dict(ok, response="not json")
+    assert _ip_parse([nothing])[0].request_id == "lc-0"
+    # a server that gives two requests one id (a mock): every request keyed by its position
+    assert [f.request_id for f in _ip_parse([ok, ok, unary])] == ["lc-0", "lc-1", "lc-2"]
+
+
+def test_inference_perf_http_error_gives_its_status_and_no_prompt_count():
+    err = next(r for r in _ip_records() if r["error"] is not None)
+    assert err["error"]["error_type"] == "HTTP Error 500"
+    assert err["info"]["request_metrics"]["text"]["input_tokens"] == 0  # its placeholder
+    (frag,) = _ip_parse([err])
+    assert (frag.status, frag.http_status, frag.error_type) == ("error", 500, "HTTP Error 500")
+    assert frag.request_id == "lc-0" and frag.prompt_tokens is None and frag.output_tokens is None
+    other = dict(err, error={"error_type": "ClientConnectorError", "error_msg": "refused"})
+    assert _ip_parse([other])[0].http_status is None
+
+
+def test_inference_perf_output_tokens_are_the_servers_tpot_its_own_rule():
+    ok = next(r for r in _ip_records() if r["error"] is None)
+    rm = ok["info"]["response_metrics"]
+    client, server = rm["output_tokens"], rm["server_usage"]["completion_tokens"]
+    assert client > server  # a byte-level tokenizer re-counted the text
+    (frag,) = _ip_parse([ok])
+    times = rm["output_token_times"]
+    assert frag.output_tokens == server
+    assert frag.tpot_s == (times[-1] - times[0]) / (client - 1)  # inference-perf's TPOT
+    del rm["server_usage"]
+    assert _ip_parse([ok])[0].output_tokens == client

@@ -11,6 +11,7 @@ histogram) agree.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 
 from slokit.sources.dcgm import FIELDS as DCGM_FIELDS
@@ -75,18 +76,29 @@ def increase(expr: str, by: str, window_s: float) -> str:
     return f"sum by ({by}) (increase({series(expr)}[{duration(window_s)}]))"
 
 
-def mean(family: str, by: str, window_s: float) -> str:
-    """Mean observation per pod: increase of ``_sum`` over increase of ``_count``."""
-    return (f"{increase(family + '_sum', by, window_s)} / "
-            f"{increase(family + '_count', by, window_s)}")  # fmt: skip
-
-
-def quantile(q: float, families: Iterable[str], by: str, window_s: float) -> str:
-    """``histogram_quantile`` per pod; several families: the first a pod has (``or``)."""
+def quantile(
+    q: float, families: Iterable[str], by: str, window_s: float, matchers: str = ""
+) -> str:
+    """``histogram_quantile`` per pod; several families: the first a pod has (``or``).
+    ``matchers`` (``pod=~"a|b"``) narrow the series read."""
+    narrow = "{" + matchers + "}" if matchers else ""
     return " or ".join(
-        f"histogram_quantile({q!r}, {increase(f + '_bucket', f'{by}, le', window_s)})"
+        f"histogram_quantile({q!r}, {increase(f + '_bucket' + narrow, f'{by}, le', window_s)})"
         for f in families
     )
+
+
+def present(metric: str, by: str, window_s: float) -> str:
+    """An instant query: one series per group of ``by`` with samples of ``metric`` in the
+    ``window_s`` before the evaluation time (reads the samples once: cheap)."""
+    return f"count by ({by}) (count_over_time({series(metric)}[{duration(window_s)}]))"
+
+
+def one_of(label: str, values: Iterable[str]) -> str:
+    """A matcher of ``label`` equal to any of ``values`` (escaped for RE2 and PromQL)."""
+    alternatives = "|".join(re.escape(v) for v in sorted(set(values)))
+    quoted = alternatives.replace("\\", "\\\\").replace('"', '\\"')
+    return f'{label}=~"{quoted}"'
 
 
 def buckets(families: Iterable[str], by: str, window_s: float) -> str:
@@ -95,6 +107,11 @@ def buckets(families: Iterable[str], by: str, window_s: float) -> str:
         f'label_replace({increase(f + "_bucket", f"{by}, le", window_s)}, "family", "{f}", "", "")'
         for f in families
     )
+
+
+def labelled(exprs: Mapping[str, str]) -> str:
+    """One query for several: each expression's series labelled ``family="<its key>"``."""
+    return " or ".join(f'label_replace({e}, "family", "{key}", "", "")' for key, e in exprs.items())
 
 
 def errors(by: str, window_s: float) -> str:

@@ -8,6 +8,10 @@
   of its trace id in the store (``request_id``
   :data:`~slokit.store._trace_join.TRACE_ONLY_ID`). A gateway fragment's replica is the
   upstream engine the span names, never the gateway's own pod.
+- LiteLLM's proxy: its ``litellm_request`` span (kind INTERNAL, marked by
+  ``litellm.call_id``) is its gateway span; its ``gen_ai.response.id`` is the upstream's
+  response id (vLLM's ``chatcmpl-<id>``: it joins vLLM's span by id), or LiteLLM's call id
+  when the upstream failed. See :data:`LITELLM_CALL_ATTR`.
 - a router's routing decision span (llm-d's ``pick_endpoints``): ``gateway_routing_s``.
 
 A mapper returns None for a span it skips and raises :class:`SpanRejected` for one it
@@ -16,6 +20,7 @@ rejects.
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from slokit.ids import checked_request_id
@@ -36,6 +41,9 @@ from slokit.store._trace_join import TRACE_ONLY_ID
 
 if TYPE_CHECKING:
     from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+#: OTLP ``Span.SpanKind`` INTERNAL (LiteLLM's ``litellm_request``).
+_SPAN_KIND_INTERNAL = 1
 
 #: Gateway/client span attribute -> RequestFragment field.
 _HTTP_ATTRS: dict[str, str] = {
@@ -102,6 +110,16 @@ _ROUTING_SPANS = frozenset(
 _GATEWAY_SPAN_NAMES = frozenset({"gateway.request"})
 _GATEWAY_MARKERS = ("upstream_cluster", "upstream_address", "upstream.address", "response_flags")
 
+#: The attribute marking LiteLLM's LLM call span (``litellm_request``, kind INTERNAL: LiteLLM
+#: ``integrations/opentelemetry.py``), the span that names the request: ``gen_ai.response.id``
+#: (the upstream's response id, or LiteLLM's call id when no response came), ``gen_ai.*``
+#: model and usage, and on a failure ``http.response.status_code`` and ``error.type``. Its
+#: duration is LiteLLM's call (one attempt when it failed), not the proxy's auth and
+#: pre-call time. LiteLLM's own SERVER span (``Received Proxy Server Request``) names no
+#: request and stays skipped: joined by trace it would pick any request of a trace that a
+#: client reuses for several calls.
+LITELLM_CALL_ATTR = "litellm.call_id"
+
 
 def is_routing_span(name: str) -> bool:
     """Whether a span of this name is a router's routing decision."""
@@ -109,7 +127,10 @@ def is_routing_span(name: str) -> bool:
 
 
 def is_http_span(span: Span) -> bool:
-    """Whether a span is a gateway's (kind SERVER) or a client's (kind CLIENT)."""
+    """Whether a span is a gateway's (kind SERVER, or LiteLLM's INTERNAL ``litellm_request``)
+    or a client's (kind CLIENT)."""
+    if span.kind == _SPAN_KIND_INTERNAL:
+        return any(kv.key == LITELLM_CALL_ATTR for kv in span.attributes)
     return span.kind in (SPAN_KIND_SERVER, SPAN_KIND_CLIENT)
 
 
@@ -136,6 +157,8 @@ def http_fragment(span: Span, now: float) -> RequestFragment | None:
     for key, fname in _HTTP_ATTRS.items():
         if key in attrs and values.get(fname) is None:
             values[fname] = coerce(key, fname, attrs[key])
+    if isinstance(reason := values.get("finish_reason"), str):
+        values["finish_reason"] = _first_reason(reason)
     source: FragmentSource = "client" if span.kind == SPAN_KIND_CLIENT else "gateway"
     start = start_s(span, now)
     dur = (
@@ -218,6 +241,20 @@ def _joins_by_trace(span: Span, attrs: dict[str, AttrValue]) -> bool:
     return span.kind == SPAN_KIND_SERVER and (
         any(k in attrs for k in _GATEWAY_MARKERS) or attrs.get("component") == "proxy"
     )
+
+
+def _first_reason(value: str) -> str | None:
+    """A finish reason; LiteLLM sends ``gen_ai.response.finish_reasons`` as a JSON list in
+    a string (``'["length"]'``): its first item."""
+    if not value.startswith("["):
+        return value
+    try:
+        reasons = json.loads(value)
+    except ValueError:
+        return value
+    if isinstance(reasons, list):
+        return str(reasons[0]) if reasons else None
+    return value
 
 
 def _upstream(attrs: dict[str, AttrValue]) -> str | None:

@@ -77,9 +77,7 @@ def test_aiperf_percentiles_equal_slokits_of_the_imported_records(aiperf_run):
 def test_gate_on_aiperfs_file_reports_aiperfs_figures(aiperf_run):
     records, aggregate, _ = aiperf_run
     agg = json.loads(aggregate.read_text())
-    res = CliRunner().invoke(
-        cli_main, ["gate", "--slo", str(SLO), "--run", str(records), "--json"]
-    )
+    res = CliRunner().invoke(cli_main, ["gate", "--slo", str(SLO), "--run", str(records), "--json"])
     assert res.exit_code in (0, 1), res.output
     pct = json.loads(res.output)["report"]["overall"]["percentiles"]
     for tag, metric in (("time_to_first_token", "ttft"), ("request_latency", "e2e")):

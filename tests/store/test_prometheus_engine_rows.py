@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from slokit.sources.prometheus import Series, samples_from_series
+from slokit.store._prom_rows import scrape_tables
 from slokit.store.append import append_table
 from slokit.store.db import Store, open_store
-from slokit.store.prometheus import _scrape_tables
 
 TS = [100.0, 110.0, 120.0]
 BLANK = float(0x7FFFFFF0)
@@ -120,7 +120,7 @@ def _parsed(series: list[Series], label: str) -> Store:
 
 def _built(series: list[Series], label: str) -> Store:
     store = open_store(":memory:")
-    engine, gpu = _scrape_tables(series, label)
+    engine, gpu = scrape_tables(series, label)
     append_table(store, "engine_samples", engine)
     append_table(store, "gpu_samples", gpu)
     return store
@@ -142,5 +142,5 @@ def test_series_order_decides_which_value_is_kept() -> None:
 
 
 def test_no_series_no_rows() -> None:
-    engine, gpu = _scrape_tables([], "pod")
+    engine, gpu = scrape_tables([], "pod")
     assert engine.num_rows == 0 and gpu.num_rows == 0

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -27,6 +28,7 @@ import threading
 import time
 from pathlib import Path
 
+import duckdb
 import httpx
 from _sidecar import free_port, proc_cpu_s, proc_rss_mb, wait_ready
 from _synth import llm_request_export
@@ -126,6 +128,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--spans-per-export", type=int, default=512,
                     help="512: vLLM's batch span processor; e.g. 20: a gateway or clients "
                     "exporting per request")  # fmt: skip
+    ap.add_argument("--commit-interval", type=float, default=0.0,
+                    help="the sidecar's commit_interval_s: > 0 acknowledges once the journal "
+                    "is synced and commits to DuckDB this often; 0: each batch")  # fmt: skip
     ap.add_argument("--warmup", type=float, default=None, help="seconds (default 10%%, >= 30)")
     ap.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = ap.parse_args(argv)
@@ -142,7 +147,8 @@ def main(argv: list[str]) -> int:
            "--scrape-interval", "1", "--log-level", "WARNING"]  # fmt: skip
     for u in replicas.urls():
         cmd += ["--vllm-url", u]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    env = {**os.environ, "SLOKIT_COMMIT_INTERVAL_S": str(args.commit_interval)}
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
     base = f"http://127.0.0.1:{api}"
     try:
         wait_ready(base, proc, tmp / "sidecar.log")
@@ -188,6 +194,7 @@ def main(argv: list[str]) -> int:
             "rate_rps": args.rate,
             "replicas": args.replicas,
             "spans_per_export": args.spans_per_export,
+            "commit_interval_s": args.commit_interval,
             "warmup_s": warmup,
             "requests_acked": sum(sent),
             "exports_acked": len(latencies),
@@ -215,6 +222,11 @@ def main(argv: list[str]) -> int:
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+    # 0 lost: every acknowledged request is in the file the sidecar left (stopped cleanly)
+    with duckdb.connect(str(db), read_only=True) as con:
+        row = con.execute("SELECT count(*) FROM requests").fetchone()
+    result["requests_stored"] = int(row[0]) if row else 0
+    result["lost"] = max(0, result["requests_acked"] - result["requests_stored"])
     summary = {k: v for k, v in result.items() if k != "rss_series"}
     print(json.dumps(summary, indent=2))
     if args.out:

@@ -154,6 +154,7 @@ class Api:
 
     async def _read(self, fn: Callable[[Any], Any]) -> Any:
         def run() -> Any:
+            self.writer.flush()  # what was acknowledged is in the store before it is read
             cur = self.store.cursor()
             try:
                 return fn(cur)

@@ -4,6 +4,7 @@ Keys (YAML and flags share names; env is ``SLOKIT_`` + upper-case key, lists com
 ``vllm_urls``, ``dcgm_urls``, ``router_urls``, ``nvml``, ``otlp_http``, ``otlp_grpc``, ``listen``, ``db``,
 ``slo``, ``replica``, ``scrape_interval_s``, ``token``, ``forward_otlp``, ``forward_content``,
 ``parquet_dir``, ``max_body_bytes``, ``queue_capacity``, ``batch_max``, ``batch_linger_s``,
+``commit_interval_s``, ``journal``,
 ``sli_grace_s``, ``sli_interval_s``, ``diagnose_interval_s``, ``ack_timeout_s``,
 ``scrape_timeout_s``, ``db_memory_limit``, ``scrape_sample_limit``, ``scrape_body_limit_bytes``,
 ``metrics_max_models``, ``metrics_max_replicas``, ``metrics_allow_models``,
@@ -70,6 +71,10 @@ class SidecarConfig:
     # exports of 20 the ack p50 fell 63 -> 25 ms at the same CPU (benchmarks/soak_sidecar.py),
     # and an exporter that waits for each ack is not throttled by the linger.
     batch_linger_s: float = 0.01
+    # > 0: acknowledge fragments once in the journal (synced), commit them to DuckDB about
+    # this often in one transaction (docs/sidecar.md, "What a 200 means"); 0: commit each batch
+    commit_interval_s: float = 0.0
+    journal: str | None = None  # the journal's path (default: the db's path + ".journal")
     db_memory_limit: str | None = "128MB"  # DuckDB's buffer pool bound (None: DuckDB's default)
     sli_grace_s: float = 30.0
     sli_interval_s: float = 5.0
@@ -90,6 +95,13 @@ class SidecarConfig:
     metrics_max_series: int = 10_000  # series of slokit_requests_total + output_tokens
 
     # -- derived ---------------------------------------------------------------------------
+    def journal_path(self) -> str | None:
+        """Where the writer's journal lives, or None when there is none (no commit
+        interval, or a database in memory, which a journal could not make durable)."""
+        if self.commit_interval_s <= 0 or self.db == ":memory:":
+            return None
+        return self.journal or f"{self.db}.journal"
+
     @property
     def timeout_s(self) -> float:
         t = (
@@ -131,6 +143,9 @@ class SidecarConfig:
         if not math.isfinite(self.diagnose_interval_s) or self.diagnose_interval_s < 0:
             raise BadInput(f"diagnose_interval_s must be >= 0 (0: off), "
                            f"got {self.diagnose_interval_s}")  # fmt: skip
+        if not math.isfinite(self.commit_interval_s) or not 0 <= self.commit_interval_s <= 60:
+            raise BadInput(f"commit_interval_s must be 0 (commit each batch) to 60 seconds, "
+                           f"got {self.commit_interval_s}")  # fmt: skip
         if self.max_body_bytes <= 0 or self.queue_capacity <= 0:
             raise BadInput("max_body_bytes and queue_capacity must be > 0")
         for key in ("header_timeout_s", "body_timeout_s", "idle_timeout_s"):

@@ -36,6 +36,7 @@ from slokit.sidecar.connections import (
 )
 from slokit.sidecar.discovery import discovery_path, remove_discovery, write_discovery
 from slokit.sidecar.forward import Forwarder
+from slokit.sidecar.journal import Journal
 from slokit.sidecar.labels import label_limits
 from slokit.sidecar.metrics import SidecarMetrics
 from slokit.sidecar.otlp_http import OtlpHttpReceiver
@@ -152,6 +153,7 @@ class Sidecar:
         self._tasks: list[asyncio.Task[None]] = []
         self._inflight: set[asyncio.Future[None]] = set()
         self._stoppables: list[Callable[[], Awaitable[None]]] = []
+        self._journal: Journal | None = None
         self._started = False
         self._discovery = False
         self.store: Store | None = None
@@ -179,12 +181,20 @@ class Sidecar:
                 store.con.execute("SET memory_limit = ?", [cfg.db_memory_limit])
             except Exception as exc:  # duckdb.Error: a bad size string
                 raise BadInput(f"db_memory_limit {cfg.db_memory_limit!r}: {exc}") from None
+        journal_path = cfg.journal_path()
+        journal = None
+        if journal_path is not None:
+            try:
+                journal = Journal(journal_path)
+            except OSError as exc:
+                raise BadInput(f"journal {journal_path}: {exc.strerror or exc}") from None
+            self._journal = journal
         writer = self.writer = Writer(
             store, metrics=self.metrics, capacity=cfg.queue_capacity, batch_max=cfg.batch_max,
-            linger_s=cfg.batch_linger_s,
+            linger_s=cfg.batch_linger_s, journal=journal, commit_interval_s=cfg.commit_interval_s,
             before_commit=self._before_commit,
         )  # fmt: skip
-        writer.start()
+        await asyncio.to_thread(writer.start)  # a journal left by a crash is replayed first
         self.sli = SliAccountant(self.metrics, spec, grace_s=cfg.sli_grace_s,
                                  labels=label_limits(cfg), max_series=cfg.metrics_max_series)  # fmt: skip
 
@@ -404,7 +414,10 @@ class Sidecar:
             self._stoppables.clear()
         finally:
             if self.writer is not None:
-                await asyncio.to_thread(self.writer.stop)
+                await asyncio.to_thread(self.writer.stop)  # commits what the journal holds
+            if self._journal is not None:
+                self._journal.close()
+                self._journal = None
             if self.store is not None:
                 # checkpoints: the rows move from the WAL into the file, the WAL is emptied
                 await asyncio.to_thread(self.store.close)

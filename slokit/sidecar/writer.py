@@ -20,6 +20,16 @@ statements of an aborted transaction as "Current transaction is aborted"). Its r
 counted in ``slokit_write_refused_total{kind}`` and logged with their ids. An error of the
 database itself (I/O, out of memory, a closed connection) fails the whole batch with that
 error instead: retrying later can help there, halving cannot.
+
+With a :class:`~slokit.sidecar.journal.Journal` (``commit_interval_s`` in the sidecar's
+config), fragments are acknowledged once they are in the journal and the journal is synced,
+and the journal's content is committed to DuckDB in one transaction about every
+``commit_interval_s`` (sooner when ``batch_max`` fragments wait, when :meth:`Writer.flush` is
+called, and on stop). Their weight stays on the queue's bound until DuckDB has them. A commit
+that fails on the database itself is retried at the next interval with nothing lost (new
+exports meanwhile get the error, so clients back off); fragments the store refuses on their
+own after they were acknowledged are kept in ``<journal>.refused`` and counted. A sidecar
+that ended before committing replays its journal at start (:meth:`Writer.start`).
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import duckdb
+import pyarrow as pa
 
 from slokit.records import (
     EngineSample,
@@ -43,7 +54,9 @@ from slokit.records import (
     RouterSample,
     ScrapeResult,
 )
+from slokit.sidecar.journal import Journal, JournalError
 from slokit.sidecar.metrics import SidecarMetrics
+from slokit.store.append import fragments_table
 from slokit.store.db import Store
 from slokit.store.faults import storage_fault
 
@@ -128,6 +141,8 @@ class _Item:
     records: Sequence[Any]
     enqueued_at: float
     future: concurrent.futures.Future[int] = field(default_factory=concurrent.futures.Future)
+    #: In the journal: its weight is released when DuckDB has it, not after its batch.
+    journaled: bool = False
 
     @property
     def weight(self) -> int:
@@ -152,6 +167,8 @@ class Writer:
         retry_after_s: int = 1,
         before_commit: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        journal: Journal | None = None,
+        commit_interval_s: float = 1.0,
     ) -> None:
         self.store = store
         self.metrics = metrics
@@ -171,9 +188,24 @@ class Writer:
         self.refused_items = 0
         self.last_error: str | None = None
         metrics.queue_capacity.set(capacity)
+        # the journal (None: every batch is committed before it is acknowledged)
+        self.journal = journal
+        self.commit_interval_s = commit_interval_s
+        self._pending: list[tuple[_Item, pa.Table]] = []  # journaled, not yet in DuckDB
+        self._pending_rows = 0
+        self._pending_due: float | None = None  # when the pending fragments are committed
+        self._stalled: BaseException | None = None  # the database error the last commit met
+        self._acked_seq = 0  # journal appends so far
+        self._committed_seq = 0  # journal appends in DuckDB
+        self._flush_wanted = False
+        self._commit_attempts = 0  # commits of the journaled fragments tried
+        self.replayed_fragments = 0
+        self.journal_refused = 0
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
+        if self.journal is not None:
+            self._replay(self.journal)
         self._thread = threading.Thread(target=self._run, name="slokit-writer", daemon=True)
         self._thread.start()
 
@@ -208,6 +240,29 @@ class Writer:
             self._cond.notify()
         return item.future
 
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Wait until every fragment acknowledged so far is in DuckDB (readers call this
+        first, so they see what was acknowledged). False when ``timeout_s`` passed first or
+        the writer is not running. Without a journal there is nothing to wait for."""
+        if self.journal is None:
+            return True
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            target = self._acked_seq
+            attempts = self._commit_attempts
+            while self._committed_seq < target:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._thread is None or not self._thread.is_alive():
+                    return False
+                if self._stalled is None:
+                    self._flush_wanted = True
+                    self._cond.notify_all()
+                elif self._commit_attempts > attempts:
+                    return False  # the database failed again: retried at the interval
+                # a failing database is retried at the interval, not at each read
+                self._cond.wait(left)
+        return True
+
     @property
     def depth(self) -> int:
         """Records queued or being committed."""
@@ -217,6 +272,9 @@ class Writer:
         """Age of the oldest record not yet committed (0 when idle)."""
         with self._cond:
             oldest = self._inflight_since
+            if self._pending:
+                first = self._pending[0][0].enqueued_at
+                oldest = first if oldest is None else min(oldest, first)
             if self._queue:
                 head = self._queue[0].enqueued_at
                 oldest = head if oldest is None else min(oldest, head)
@@ -228,7 +286,14 @@ class Writer:
             while not self._queue:
                 if self._stopping:
                     return None
-                self._cond.wait(0.5)
+                due = self._pending_due
+                if due is None:
+                    self._cond.wait(0.5)
+                    continue
+                left = due - self.clock()
+                if left <= 0 or self._flush_wanted:
+                    return []  # no new items: commit the pending ones
+                self._cond.wait(min(0.5, left))
             if self.linger_s > 0 and not self._stopping:
                 deadline = self.clock() + self.linger_s
                 while self._queued_weight() < self.batch_max and not self._stopping:
@@ -252,11 +317,15 @@ class Writer:
         while True:
             batch = self._take()
             if batch is None:
+                self._commit_pending(final=True)
                 return
             try:
                 if self.before_commit is not None:
                     self.before_commit()
-                self._commit(batch)
+                if batch:
+                    self._commit(batch)
+                if self._pending and self._pending_is_due():
+                    self._commit_pending()
             except BaseException as exc:  # never let the writer die on one batch
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 log.exception("writer batch failed")
@@ -265,9 +334,158 @@ class Writer:
                         item.future.set_exception(exc)
             finally:
                 with self._cond:
-                    self._weight -= sum(i.weight for i in batch)
+                    self._weight -= sum(i.weight for i in batch if not i.journaled)
                     self._inflight_since = None
                     self.metrics.queue_depth.set(self._weight)
+
+    # -- the journal ---------------------------------------------------------------------
+    def _replay(self, journal: Journal) -> None:
+        """Store what a run that ended before committing left in ``journal``, then empty it.
+        A database error propagates (the sidecar does not start; the journal is kept)."""
+        tables = journal.replay()
+        for table in tables:
+            try:
+                self.store.append_fragment_table(table)
+            except Exception as exc:
+                first = first_error(exc)
+                if _systemic(first):
+                    raise
+                path = journal.quarantine([table])
+                self.journal_refused += table.num_rows
+                self.metrics.write_refused.labels(kind="fragments").inc(table.num_rows)
+                log.error("writer: the store refused %d journaled fragments (%s: %s); kept in %s",
+                          table.num_rows, type(first).__name__, first, path)  # fmt: skip
+            else:
+                self.replayed_fragments += table.num_rows
+        if tables:
+            log.warning("writer: replayed %d fragments from the journal %s",
+                        self.replayed_fragments, journal.path)  # fmt: skip
+        journal.reset()
+
+    def _pending_is_due(self) -> bool:
+        due = self._pending_due
+        return (
+            self._flush_wanted
+            or self._pending_rows >= self.batch_max
+            or (due is not None and self.clock() >= due)
+        )
+
+    def _journal_items(self, journal: Journal, items: list[_Item]) -> None:
+        """Append ``items`` to the journal and acknowledge them; they wait in ``_pending``."""
+        if self._stalled is not None:  # the database is failing: do not pile up more
+            for i in items:
+                i.future.set_exception(self._stalled)
+            return
+        tables: list[pa.Table] = []
+        kept: list[_Item] = []
+        for item in items:
+            try:
+                tables.append(fragments_table(item.records))
+            except Exception as exc:  # BadInput: a value of the wrong type or size
+                self._refuse("fragments", item, exc)
+                continue
+            kept.append(item)
+        if not kept:
+            return
+        try:
+            journal.append(tables)
+        except JournalError as exc:
+            self.last_error = str(exc)
+            log.error("writer: %s", exc)
+            for i in kept:
+                i.future.set_exception(exc)
+            return
+        with self._cond:
+            for item in kept:
+                item.journaled = True
+            self._pending.extend(zip(kept, tables, strict=True))
+            self._pending_rows += sum(t.num_rows for t in tables)
+            if self._pending_due is None:
+                self._pending_due = self.clock() + self.commit_interval_s
+            self._acked_seq += 1
+        for item, table in zip(kept, tables, strict=True):
+            item.future.set_result(table.num_rows)
+
+    def _commit_pending(self, *, final: bool = False) -> None:
+        """Commit the journaled fragments to DuckDB in one transaction, then empty the
+        journal. On a database error they stay (journal and memory) for the next try."""
+        journal = self.journal
+        if journal is None or not self._pending:
+            return
+        pending = list(self._pending)
+        t0 = time.perf_counter()
+        error = self._append_tables([t for _, t in pending])
+        self._commit_attempts += 1
+        if error is not None:
+            first = first_error(error)
+            if _systemic(first):
+                self._stalled = error
+                self.last_error = f"{type(first).__name__}: {first}"
+                log.error("writer: committing %d journaled fragments failed (kept, retried in "
+                          "%.1f s): %s", self._pending_rows, self.commit_interval_s,
+                          self.last_error)  # fmt: skip
+                with self._cond:
+                    self._pending_due = self.clock() + self.commit_interval_s
+                    self._flush_wanted = False
+                    self._cond.notify_all()
+                if final:
+                    log.error("writer: stopping with %d fragments in the journal %s; they are "
+                              "stored at the next start", self._pending_rows, journal.path)  # fmt: skip
+                return
+            self._isolate_tables([t for _, t in pending])
+        else:
+            self.metrics.commit_seconds.observe(time.perf_counter() - t0)
+            self.committed_batches += 1
+        self._stalled = None
+        try:
+            journal.reset()
+        except OSError as exc:  # its content is in DuckDB: a replay would store nothing twice
+            log.error("writer: emptying the journal %s failed: %s", journal.path, exc)
+        with self._cond:
+            self._weight -= sum(i.weight for i, _ in pending)
+            self.metrics.queue_depth.set(self._weight)
+            self._pending = []
+            self._pending_rows = 0
+            self._pending_due = None
+            self._flush_wanted = False
+            self._committed_seq = self._acked_seq
+            self._cond.notify_all()
+
+    def _append_tables(self, tables: list[pa.Table]) -> Exception | None:
+        """Store ``tables`` in one transaction; the error, or None."""
+        try:
+            result = self.store.append_fragment_table(pa.concat_tables(tables))
+        except Exception as exc:
+            return exc
+        for reason, n in result.unjoined.items():
+            self.metrics.spans_unjoined.labels(reason=reason).inc(n)
+        return None
+
+    def _isolate_tables(self, tables: list[pa.Table]) -> None:
+        """Commit ``tables`` (which failed together, not on the database) apart, halving until
+        the ones the store refuses stand alone; those are kept in ``<journal>.refused``."""
+        assert self.journal is not None
+        todo = [tables]
+        while todo:
+            part = todo.pop()
+            error = self._append_tables(part)
+            if error is None:
+                continue
+            first = first_error(error)
+            if len(part) > 1 and not _systemic(first):
+                todo += [part[: len(part) // 2], part[len(part) // 2 :]]
+                continue
+            rows = sum(t.num_rows for t in part)
+            try:
+                path = str(self.journal.quarantine(part))
+            except OSError as exc:
+                path = f"nowhere ({exc})"
+            self.journal_refused += rows
+            self.refused_items += len(part)
+            self.metrics.write_refused.labels(kind="fragments").inc(rows)
+            self.last_error = f"{type(first).__name__}: {first}"
+            log.error("writer: the store refused %d journaled fragments (%s); kept in %s",
+                      rows, self.last_error, path)  # fmt: skip
 
     def _commit(self, batch: list[_Item]) -> None:
         by_kind: dict[Kind, list[_Item]] = {}
@@ -276,6 +494,9 @@ class Writer:
         for kind in _ORDER:
             items = by_kind.get(kind)
             if not items:
+                continue
+            if kind == "fragments" and self.journal is not None:
+                self._journal_items(self.journal, items)
                 continue
             error = self._try(kind, items)
             if error is None:

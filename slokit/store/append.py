@@ -113,7 +113,7 @@ def _array(name: str, values: Sequence[Any]) -> pa.Array:
         if values and values[0] is None and values.count(None) == len(values):
             return pa.nulls(len(values), typ)
         return pa.array(values, typ)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
         raise BadInput(f"request fragments: field {name}: {exc}") from None
 
 

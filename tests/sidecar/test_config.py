@@ -134,3 +134,19 @@ def test_sidecar_with_a_blank_token_exits_2_with_a_one_line_reason(tmp_path: Pat
     lines = res.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("slokit: ") and "blank" in lines[0]
     assert not (tmp_path / "s.duckdb").exists()
+
+
+def test_the_journal_lives_beside_the_database_when_a_commit_interval_is_set() -> None:
+    assert load_config(env={}).journal_path() is None  # default: each batch committed
+    cfg = load_config(env={"SLOKIT_COMMIT_INTERVAL_S": "1", "SLOKIT_DB": "/data/s.duckdb"})
+    assert cfg.validate().journal_path() == "/data/s.duckdb.journal"
+    env = {"SLOKIT_COMMIT_INTERVAL_S": "0.5", "SLOKIT_JOURNAL": "/fast/j"}
+    assert load_config(env=env).journal_path() == "/fast/j"
+    memory = {"SLOKIT_COMMIT_INTERVAL_S": "1", "SLOKIT_DB": ":memory:"}
+    assert load_config(env=memory).journal_path() is None  # nothing to make durable
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "61"])
+def test_a_commit_interval_out_of_range_is_refused(value: str) -> None:
+    with pytest.raises(BadInput, match="commit_interval_s"):
+        load_config(env={"SLOKIT_COMMIT_INTERVAL_S": value}).validate()

@@ -1,5 +1,6 @@
 """``kill -9`` during heavy ingest, three times: the sidecar restarts, the DuckDB file opens,
-and every span that was answered 200 is in ``requests``."""
+and every span that was answered 200 is in ``requests``: committed to DuckDB before the
+answer, or (with ``commit_interval_s``) synced in the journal and stored at the restart."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def _port() -> int:
 
 
 class SidecarProcess:
-    def __init__(self, db: Path, log: Path) -> None:
+    def __init__(self, db: Path, log: Path, commit_interval_s: str = "0") -> None:
         self.api_port, self.otlp_port = _port(), _port()
         self.log = log.open("ab")
         self.proc = subprocess.Popen(
@@ -32,6 +33,7 @@ class SidecarProcess:
              "--listen", f"127.0.0.1:{self.api_port}",
              "--otlp-http", f"127.0.0.1:{self.otlp_port}", "--otlp-grpc", ""],
             stdout=self.log, stderr=subprocess.STDOUT,
+            env={**os.environ, "SLOKIT_COMMIT_INTERVAL_S": commit_interval_s},
         )  # fmt: skip
         self.otlp = f"http://127.0.0.1:{self.otlp_port}/v1/traces"
 
@@ -67,13 +69,14 @@ def _ingest(url: str, body: bytes, prefix: str, acked: list[str], stop: threadin
                 acked.extend(ids)
 
 
+@pytest.mark.parametrize("commit_interval_s", ["0", "1"], ids=["commit-per-batch", "journal"])
 def test_kill_9_during_ingest_loses_no_acknowledged_span(
-    tmp_path: Path, export_body: bytes
+    tmp_path: Path, export_body: bytes, commit_interval_s: str
 ) -> None:
     db, log = tmp_path / "kill.duckdb", tmp_path / "sidecar.log"
     acked: list[str] = []
     for round_ in range(3):
-        sp = SidecarProcess(db, log)
+        sp = SidecarProcess(db, log, commit_interval_s)
         try:
             sp.wait_ready()
             stop = threading.Event()
@@ -95,7 +98,7 @@ def test_kill_9_during_ingest_loses_no_acknowledged_span(
         finally:
             sp.close()
     # a clean restart opens the file after the third crash, then stops cleanly
-    sp = SidecarProcess(db, log)
+    sp = SidecarProcess(db, log, commit_interval_s)
     try:
         sp.wait_ready()
         sp.proc.send_signal(signal.SIGTERM)
@@ -107,3 +110,5 @@ def test_kill_9_during_ingest_loses_no_acknowledged_span(
     missing = set(acked) - stored
     assert len(acked) >= 3 * 64 * 8
     assert not missing, f"{len(missing)} acknowledged requests lost, e.g. {sorted(missing)[:5]}"
+    if commit_interval_s != "0":  # the crashes left acknowledged spans only in the journal
+        assert b"fragments from the journal" in log.read_bytes()

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from slokit.analysis.causality import CHAINS, analyse, chain_text, finding_ids
+from slokit.analysis.causality import analyse, chain_text, finding_ids
+from slokit.analysis.chains import CHAINS
 from slokit.analysis.diagnose import Diagnosis, render_text
 from slokit.records import Finding, Severity
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from slokit.analysis.causality import CHAINS
+from slokit.analysis.chains import CHAINS
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "diagnose.md"
 

@@ -38,7 +38,8 @@ from slokit.errors import BadInput, NotFound
 from slokit.ids import MAX_REQUEST_ID_CHARS, candidate_ids, checked_request_id
 from slokit.sidecar.metrics import SidecarMetrics
 from slokit.sidecar.otlp_http import bearer_auth
-from slokit.sidecar.writer import QueueFull, RecordsRefused, Writer, WriterStopped
+from slokit.sidecar.write_errors import QueueFull, RecordsRefused, WriterStopped
+from slokit.sidecar.writer import Writer
 from slokit.store.db import Store
 from slokit.store.reader import LocalReader
 from slokit.store.remote import decode_page_key, encode_page_key

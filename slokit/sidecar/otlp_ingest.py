@@ -14,7 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from slokit.sidecar.metrics import SidecarMetrics
-from slokit.sidecar.writer import QueueFull, RecordsRefused, Writer, WriterStopped
+from slokit.sidecar.write_errors import QueueFull, RecordsRefused, WriterStopped
+from slokit.sidecar.writer import Writer
 from slokit.sources.otlp import DecodedTraces
 
 #: Bodies at least this big are decoded in a worker thread, not on the event loop.

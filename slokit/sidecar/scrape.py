@@ -37,7 +37,8 @@ from slokit.errors import BadInput
 from slokit.records import EngineSample, GpuSample, RouterSample, ScrapeResult
 from slokit.sidecar.config import Target
 from slokit.sidecar.metrics import SidecarMetrics
-from slokit.sidecar.writer import QueueFull, Writer, WriterStopped
+from slokit.sidecar.write_errors import QueueFull, WriterStopped
+from slokit.sidecar.writer import Writer
 
 log = logging.getLogger("slokit.sidecar.scrape")
 

@@ -43,7 +43,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import duckdb
 import pyarrow as pa
 
 from slokit.records import (
@@ -56,83 +55,21 @@ from slokit.records import (
 )
 from slokit.sidecar.journal import Journal, JournalError
 from slokit.sidecar.metrics import SidecarMetrics
+from slokit.sidecar.write_errors import (
+    QueueFull,
+    RecordsRefused,
+    WriterStopped,
+    describe,
+    first_error,
+    systemic,
+)
 from slokit.store.append import fragments_table
 from slokit.store.db import Store
-from slokit.store.faults import storage_fault
 
 log = logging.getLogger("slokit.sidecar.writer")
 
 Kind = Literal["fragments", "engine", "gpu", "router_samples", "scrapes", "findings"]
 _ORDER: tuple[Kind, ...] = ("fragments", "engine", "gpu", "router_samples", "scrapes", "findings")
-
-
-class QueueFull(Exception):
-    """The write queue is at its bound; retry after ``retry_after_s``."""
-
-    def __init__(self, retry_after_s: int) -> None:
-        super().__init__(f"write queue full; retry after {retry_after_s} s")
-        self.retry_after_s = retry_after_s
-
-
-class WriterStopped(Exception):
-    """The writer is not running (stopping, or never started)."""
-
-
-class RecordsRefused(Exception):
-    """The store refused these records even on their own: retrying them cannot help.
-
-    ``__cause__`` is the database's first error; the other items of the batch were committed.
-    """
-
-
-#: Errors of the database itself, not of the records: every item would fail alike. (A first
-#: error that is itself "transaction is aborted" predates these records.)
-_SYSTEMIC = (
-    duckdb.TransactionException,
-    duckdb.IOException,
-    duckdb.ConnectionException,
-    duckdb.FatalException,
-    duckdb.InternalException,
-    duckdb.OutOfMemoryException,
-    MemoryError,
-    OSError,
-)
-
-
-def _systemic(first: BaseException) -> bool:
-    """An error of the database or its storage (a damaged block, a full disk: the store's own
-    :func:`~slokit.store.faults.storage_fault` says which), not of the records."""
-    return isinstance(first, _SYSTEMIC) or storage_fault(first) is not None
-
-
-def first_error(exc: BaseException) -> BaseException:
-    """The error that started ``exc``'s chain (its deepest cause or context).
-
-    DuckDB answers every statement after a failed one in a transaction with "Current
-    transaction is aborted"; the error that aborted it is further down the chain.
-    """
-    seen = {id(exc)}
-    while True:
-        nxt = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
-        if nxt is None or id(nxt) in seen:
-            return exc
-        seen.add(id(nxt))
-        exc = nxt
-
-
-def _describe(kind: str, records: Sequence[Any], limit: int = 3) -> str:
-    """A few ids of ``records`` for the log: which export (or scrape) this was."""
-    ids = []
-    for r in records[:limit]:
-        rid = (
-            getattr(r, "fragment_id", None)
-            or getattr(r, "replica", None)
-            or getattr(r, "router", None)
-            or type(r).__name__
-        )
-        ids.append(str(rid)[:80])
-    more = f" (+{len(records) - limit} more)" if len(records) > limit else ""
-    return f"{len(records)} {kind} records: {', '.join(ids)}{more}"
 
 
 @dataclass
@@ -348,7 +285,7 @@ class Writer:
                 self.store.append_fragment_table(table)
             except Exception as exc:
                 first = first_error(exc)
-                if _systemic(first):
+                if systemic(first):
                     raise
                 path = journal.quarantine([table])
                 self.journal_refused += table.num_rows
@@ -418,7 +355,7 @@ class Writer:
         self._commit_attempts += 1
         if error is not None:
             first = first_error(error)
-            if _systemic(first):
+            if systemic(first):
                 self._stalled = error
                 self.last_error = f"{type(first).__name__}: {first}"
                 log.error("writer: committing %d journaled fragments failed (kept, retried in "
@@ -472,7 +409,7 @@ class Writer:
             if error is None:
                 continue
             first = first_error(error)
-            if len(part) > 1 and not _systemic(first):
+            if len(part) > 1 and not systemic(first):
                 todo += [part[: len(part) // 2], part[len(part) // 2 :]]
                 continue
             rows = sum(t.num_rows for t in part)
@@ -503,7 +440,7 @@ class Writer:
                 continue
             first = first_error(error)
             self.last_error = f"{type(first).__name__}: {first}"
-            if _systemic(first):
+            if systemic(first):
                 log.error("writer: appending %d %s items failed: %s", len(items), kind,
                           self.last_error)  # fmt: skip
                 for i in items:
@@ -543,7 +480,7 @@ class Writer:
             if error is None:
                 continue
             first = first_error(error)
-            if _systemic(first):  # the database, not the records: stop halving
+            if systemic(first):  # the database, not the records: stop halving
                 self.last_error = f"{type(first).__name__}: {first}"
                 log.error("writer: appending %s items failed: %s", kind, self.last_error)
                 for i in [*part, *(i for p in todo for i in p)]:
@@ -560,7 +497,7 @@ class Writer:
         self.last_error = why
         self.refused_items += 1
         self.metrics.write_refused.labels(kind=kind).inc(len(item.records))
-        log.error("writer: the store refused %s: %s", _describe(kind, item.records), why)
+        log.error("writer: the store refused %s: %s", describe(kind, item.records), why)
         refused = RecordsRefused(f"the store refused {len(item.records)} {kind} records: {why}")
         refused.__cause__ = first
         item.future.set_exception(refused)

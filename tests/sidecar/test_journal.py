@@ -23,7 +23,8 @@ from sidecar_harness import StartSidecar, post, relabel
 from slokit.records import RequestFragment
 from slokit.sidecar.journal import Journal, JournalError, read_frames
 from slokit.sidecar.metrics import SidecarMetrics
-from slokit.sidecar.writer import QueueFull, RecordsRefused, Writer
+from slokit.sidecar.write_errors import QueueFull, RecordsRefused
+from slokit.sidecar.writer import Writer
 from slokit.store.append import fragments_table
 from slokit.store.db import Store, open_store
 

@@ -42,7 +42,8 @@ from slokit.records import EngineSample, RequestFragment, ScrapeResult
 from slokit.sidecar.metrics import SidecarMetrics
 from slokit.sidecar.otlp_ingest import OtlpIngest
 from slokit.sidecar.runner import Sidecar
-from slokit.sidecar.writer import RecordsRefused, Writer, first_error
+from slokit.sidecar.write_errors import RecordsRefused, first_error
+from slokit.sidecar.writer import Writer
 from slokit.sources.otlp import DecodedTraces
 from slokit.store.db import open_store
 

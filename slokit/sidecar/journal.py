@@ -80,7 +80,6 @@ class Journal:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
         self._size = os.fstat(self._fd).st_size
-        self.frames = 0  # frames appended since the last reset
 
     @property
     def size(self) -> int:
@@ -122,14 +121,12 @@ class Journal:
                 os.ftruncate(self._fd, before)
             raise JournalError(f"journal {self.path}: {exc.strerror or exc}") from exc
         self._size = before + len(blob)
-        self.frames += len(tables)
 
     def reset(self) -> None:
         """Empty the journal: everything in it is committed to the store."""
         os.ftruncate(self._fd, 0)
         os.fdatasync(self._fd)
         self._size = 0
-        self.frames = 0
 
     def quarantine(self, tables: list[pa.Table]) -> Path:
         """Keep ``tables`` (refused by the store) in ``<journal>.refused``; its path."""

@@ -129,7 +129,6 @@ class Writer:
         self.journal = journal
         self.commit_interval_s = commit_interval_s
         self._pending: list[tuple[_Item, pa.Table]] = []  # journaled, not yet in DuckDB
-        self._pending_rows = 0
         self._pending_due: float | None = None  # when the pending fragments are committed
         self._stalled: BaseException | None = None  # the database error the last commit met
         self._acked_seq = 0  # journal appends so far
@@ -137,7 +136,6 @@ class Writer:
         self._flush_wanted = False
         self._commit_attempts = 0  # commits of the journaled fragments tried
         self.replayed_fragments = 0
-        self.journal_refused = 0
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -287,11 +285,7 @@ class Writer:
                 first = first_error(exc)
                 if systemic(first):
                     raise
-                path = journal.quarantine([table])
-                self.journal_refused += table.num_rows
-                self.metrics.write_refused.labels(kind="fragments").inc(table.num_rows)
-                log.error("writer: the store refused %d journaled fragments (%s: %s); kept in %s",
-                          table.num_rows, type(first).__name__, first, path)  # fmt: skip
+                self._keep_refused(journal, [table], first)
             else:
                 self.replayed_fragments += table.num_rows
         if tables:
@@ -299,11 +293,15 @@ class Writer:
                         self.replayed_fragments, journal.path)  # fmt: skip
         journal.reset()
 
+    def _pending_count(self) -> int:
+        """Fragments journaled, not yet in DuckDB."""
+        return sum(t.num_rows for _, t in self._pending)
+
     def _pending_is_due(self) -> bool:
         due = self._pending_due
         return (
             self._flush_wanted
-            or self._pending_rows >= self.batch_max
+            or self._pending_count() >= self.batch_max
             or (due is not None and self.clock() >= due)
         )
 
@@ -336,7 +334,6 @@ class Writer:
             for item in kept:
                 item.journaled = True
             self._pending.extend(zip(kept, tables, strict=True))
-            self._pending_rows += sum(t.num_rows for t in tables)
             if self._pending_due is None:
                 self._pending_due = self.clock() + self.commit_interval_s
             self._acked_seq += 1
@@ -359,7 +356,7 @@ class Writer:
                 self._stalled = error
                 self.last_error = f"{type(first).__name__}: {first}"
                 log.error("writer: committing %d journaled fragments failed (kept, retried in "
-                          "%.1f s): %s", self._pending_rows, self.commit_interval_s,
+                          "%.1f s): %s", self._pending_count(), self.commit_interval_s,
                           self.last_error)  # fmt: skip
                 with self._cond:
                     self._pending_due = self.clock() + self.commit_interval_s
@@ -367,7 +364,7 @@ class Writer:
                     self._cond.notify_all()
                 if final:
                     log.error("writer: stopping with %d fragments in the journal %s; they are "
-                              "stored at the next start", self._pending_rows, journal.path)  # fmt: skip
+                              "stored at the next start", self._pending_count(), journal.path)  # fmt: skip
                 return
             self._isolate_tables([t for _, t in pending])
         else:
@@ -382,7 +379,6 @@ class Writer:
             self._weight -= sum(i.weight for i, _ in pending)
             self.metrics.queue_depth.set(self._weight)
             self._pending = []
-            self._pending_rows = 0
             self._pending_due = None
             self._flush_wanted = False
             self._committed_seq = self._acked_seq
@@ -412,17 +408,21 @@ class Writer:
             if len(part) > 1 and not systemic(first):
                 todo += [part[: len(part) // 2], part[len(part) // 2 :]]
                 continue
-            rows = sum(t.num_rows for t in part)
-            try:
-                path = str(self.journal.quarantine(part))
-            except OSError as exc:
-                path = f"nowhere ({exc})"
-            self.journal_refused += rows
-            self.refused_items += len(part)
-            self.metrics.write_refused.labels(kind="fragments").inc(rows)
-            self.last_error = f"{type(first).__name__}: {first}"
-            log.error("writer: the store refused %d journaled fragments (%s); kept in %s",
-                      rows, self.last_error, path)  # fmt: skip
+            self._keep_refused(self.journal, part, first)
+
+    def _keep_refused(self, journal: Journal, tables: list[pa.Table], first: BaseException) -> None:
+        """``tables`` (acknowledged) were refused by the store on their own: keep them in
+        ``<journal>.refused``, count and log them."""
+        rows = sum(t.num_rows for t in tables)
+        try:
+            path = str(journal.quarantine(tables))
+        except OSError as exc:
+            path = f"nowhere ({exc})"
+        self.refused_items += len(tables)
+        self.metrics.write_refused.labels(kind="fragments").inc(rows)
+        self.last_error = f"{type(first).__name__}: {first}"
+        log.error("writer: the store refused %d journaled fragments (%s); kept in %s",
+                  rows, self.last_error, path)  # fmt: skip
 
     def _commit(self, batch: list[_Item]) -> None:
         by_kind: dict[Kind, list[_Item]] = {}

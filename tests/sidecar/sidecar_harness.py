@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry
 
 from slokit.sidecar.config import SidecarConfig
 from slokit.sidecar.runner import Sidecar
+from slokit.store.db import Store
 
 BASE = SidecarConfig(
     otlp_http="127.0.0.1:0",
@@ -108,7 +109,12 @@ def post(url: str, body: bytes, content_type: str = "application/x-protobuf",
 
 def request_ids(running: Running) -> set[str]:
     assert running.sidecar.store is not None
-    cur = running.sidecar.store.cursor()
+    return stored_request_ids(running.sidecar.store)
+
+
+def stored_request_ids(store: Store) -> set[str]:
+    """The request ids in ``store``'s ``requests``, read on a cursor of their own."""
+    cur = store.cursor()
     try:
         return {r[0] for r in cur.execute("SELECT request_id FROM requests").fetchall()}
     finally:

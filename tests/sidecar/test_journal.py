@@ -18,7 +18,7 @@ import duckdb
 import pyarrow as pa
 import pytest
 from prometheus_client import CollectorRegistry
-from sidecar_harness import StartSidecar, post, relabel
+from sidecar_harness import StartSidecar, post, relabel, stored_request_ids
 
 from slokit.records import RequestFragment
 from slokit.sidecar.journal import Journal, JournalError, read_frames
@@ -53,11 +53,7 @@ class Journaled:
     registry: CollectorRegistry
 
     def stored(self) -> set[str]:
-        cur = self.store.cursor()
-        try:
-            return {r[0] for r in cur.execute("SELECT request_id FROM requests").fetchall()}
-        finally:
-            cur.close()
+        return stored_request_ids(self.store)
 
     def tick(self, seconds: float) -> None:
         """Advance the writer's clock and wake it."""

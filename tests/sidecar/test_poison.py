@@ -35,6 +35,7 @@ from sidecar_harness import (
     post,
     relabel,
     request_ids,
+    stored_request_ids,
     wait_for,
 )
 
@@ -303,11 +304,7 @@ class Stalled:
     store: Any
 
     def stored(self) -> set[str]:
-        cur = self.store.cursor()
-        try:
-            return {r[0] for r in cur.execute("SELECT request_id FROM requests").fetchall()}
-        finally:
-            cur.close()
+        return stored_request_ids(self.store)
 
 
 @pytest.fixture

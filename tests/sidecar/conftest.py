@@ -33,7 +33,9 @@ def start_sidecar(tmp_path: Path) -> Iterator[StartSidecar]:
 
     yield start
     for sc in started:
-        lt.call(sc.stop())
+        # stopping waits for periodic work in flight (a first findings tick imports pandas):
+        # on a busy machine that has taken over 30 s; the teardown is not what is tested
+        lt.call(sc.stop(), timeout=180)
     lt.close()
 
 

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import shutil
 import signal
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -125,6 +126,8 @@ def open_store_quarantining(path: str, metrics: SidecarMetrics) -> Store:
 FINDINGS_WINDOW_S = 900.0
 #: A finding counts as active (slokit_findings_active) while it ended this recently.
 FINDINGS_ACTIVE_S = 60.0
+#: While stopping, how often the queries of periodic work still running are interrupted.
+STOP_POLL_S = 0.1
 
 
 class Sidecar:
@@ -152,6 +155,10 @@ class Sidecar:
         self._runners: list[web.AppRunner] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._inflight: set[asyncio.Future[None]] = set()
+        # periodic work running in threads: its cursors (stop interrupts their queries)
+        self._cursors: set[Any] = set()
+        self._cursors_lock = threading.Lock()
+        self._stopping = threading.Event()
         self._stoppables: list[Callable[[], Awaitable[None]]] = []
         self._journal: Journal | None = None
         self._started = False
@@ -170,6 +177,7 @@ class Sidecar:
 
     async def _start(self) -> None:
         cfg = self.config
+        self._stopping.clear()
         spec = None
         if cfg.slo:
             from slokit.analysis.slo_spec import load_spec
@@ -322,17 +330,23 @@ class Sidecar:
         assert store is not None
 
         def once() -> None:
+            if self._stopping.is_set():
+                return
             cur = store.cursor()
+            with self._cursors_lock:
+                self._cursors.add(cur)
             try:
                 fn(cur)
             finally:
+                with self._cursors_lock:
+                    self._cursors.discard(cur)
                 cur.close()
 
         async def loop() -> None:
             while True:
                 await asyncio.sleep(every_s)
                 # A thread cannot be cancelled: track its future so stop() waits for it
-                # before closing the store under it.
+                # (interrupting its queries) before closing the store under it.
                 fut = asyncio.get_running_loop().run_in_executor(None, once)
                 self._inflight.add(fut)
                 fut.add_done_callback(self._inflight.discard)
@@ -341,7 +355,10 @@ class Sidecar:
                 except asyncio.CancelledError:
                     raise
                 except Exception:
-                    log.exception("periodic task %s failed", name)
+                    if self._stopping.is_set():  # its query was interrupted by stop()
+                        log.debug("periodic task %s interrupted by stop", name)
+                    else:
+                        log.exception("periodic task %s failed", name)
 
         self._tasks.append(asyncio.create_task(loop(), name=name))
 
@@ -360,6 +377,8 @@ class Sidecar:
             from slokit.analysis.diagnose import run_diagnosis, store_findings
         except ImportError:
             return
+        if self._stopping.is_set():  # the first tick's imports can take seconds
+            return
         from slokit.errors import NotFound
         from slokit.store.reader import LocalReader
 
@@ -374,7 +393,8 @@ class Sidecar:
             result = run_diagnosis(reader, since=since)
         except NotFound:
             return
-        assert self.store is not None
+        if self._stopping.is_set() or self.store is None:
+            return
         store_findings(self.store, result.findings, window=(result.since, result.until))
         recent = newest - max(FINDINGS_ACTIVE_S, 2 * self.config.diagnose_interval_s)
         g = self.metrics.findings_active
@@ -390,6 +410,7 @@ class Sidecar:
         """Stop receiving, commit what is queued, close the store (checkpointing it), even
         when stopping a component fails."""
         self._started = False
+        self._stopping.set()
         try:
             if self._discovery:
                 try:
@@ -403,8 +424,7 @@ class Sidecar:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             self._tasks.clear()
-            if self._inflight:  # periodic work already running in threads finishes first
-                await asyncio.wait(set(self._inflight))
+            await self._end_periodic_work()
             for runner in self._runners:
                 await runner.cleanup()
             self._runners.clear()
@@ -422,6 +442,20 @@ class Sidecar:
                 # checkpoints: the rows move from the WAL into the file, the WAL is emptied
                 await asyncio.to_thread(self.store.close)
                 self.store = None
+
+    async def _end_periodic_work(self) -> None:
+        """Periodic work already running in threads (a findings tick, an SLI tick, a Parquet
+        export) finishes before the store closes. Its queries are interrupted (again every
+        ``STOP_POLL_S``, so the next query of a multi-query tick ends at once too) and the
+        ticks check ``_stopping`` between steps, so stop waits for one step's Python work
+        at most, not for a whole diagnosis."""
+        while self._inflight:
+            with self._cursors_lock:
+                cursors = list(self._cursors)
+            for cur in cursors:
+                with contextlib.suppress(Exception):  # a cursor closing meanwhile
+                    cur.interrupt()
+            await asyncio.wait(set(self._inflight), timeout=STOP_POLL_S)
 
     async def __aenter__(self) -> Sidecar:
         await self.start()

@@ -1,0 +1,80 @@
+"""Stopping a sidecar while periodic work runs in a thread: its queries are interrupted, the
+store closes after it, and nothing acknowledged is lost."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import duckdb
+from prometheus_client import CollectorRegistry
+from sidecar_harness import BASE, LoopThread
+
+from slokit.sidecar.runner import Sidecar
+
+# A query that would run for hours: only an interrupt ends it in a test's time.
+ENDLESS = "SELECT sum(i) FROM range(1000000000000) t(i)"
+
+
+def _sidecar(tmp_path: Path, **kw: Any) -> Sidecar:
+    cfg = replace(BASE, db=str(tmp_path / "s.duckdb"), diagnose_interval_s=0, **kw)
+    return Sidecar(cfg, registry=CollectorRegistry())
+
+
+def _add_periodic(lt: LoopThread, sc: Sidecar, fn: Any) -> None:
+    async def add() -> None:
+        sc._periodic("endless", 0.01, fn)
+
+    lt.call(add())
+
+
+def test_stop_interrupts_the_query_of_periodic_work_in_flight(tmp_path: Path) -> None:
+    lt = LoopThread()
+    sc = _sidecar(tmp_path)
+    running = threading.Event()
+    outcome: list[str] = []
+
+    def endless(cur: Any) -> None:
+        running.set()
+        try:
+            cur.execute(ENDLESS).fetchall()
+            outcome.append("finished")
+        except duckdb.InterruptException:
+            outcome.append("interrupted")
+
+    try:
+        lt.call(sc.start())
+        _add_periodic(lt, sc, endless)
+        assert running.wait(60), "the periodic task never ran"
+        lt.call(sc.stop(), timeout=120)
+        assert outcome == ["interrupted"]
+        assert sc.store is None  # closed after the work ended, not under it
+    finally:
+        lt.close()
+
+
+def test_periodic_work_that_runs_several_queries_ends_at_the_next_one(tmp_path: Path) -> None:
+    """A tick of many queries (a diagnosis) that swallows one interrupt meets the next."""
+    lt = LoopThread()
+    sc = _sidecar(tmp_path)
+    running = threading.Event()
+    interrupted: list[int] = []
+
+    def stubborn(cur: Any) -> None:
+        running.set()
+        for attempt in range(3):
+            try:
+                cur.execute(ENDLESS).fetchall()
+            except duckdb.InterruptException:
+                interrupted.append(attempt)
+
+    try:
+        lt.call(sc.start())
+        _add_periodic(lt, sc, stubborn)
+        assert running.wait(60), "the periodic task never ran"
+        lt.call(sc.stop(), timeout=120)
+        assert interrupted == [0, 1, 2]
+    finally:
+        lt.close()

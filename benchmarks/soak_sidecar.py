@@ -128,9 +128,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--spans-per-export", type=int, default=512,
                     help="512: vLLM's batch span processor; e.g. 20: a gateway or clients "
                     "exporting per request")  # fmt: skip
-    ap.add_argument("--commit-interval", type=float, default=0.0,
+    ap.add_argument("--commit-interval", type=float, default=1.0,
                     help="the sidecar's commit_interval_s: > 0 acknowledges once the journal "
-                    "is synced and commits to DuckDB this often; 0: each batch")  # fmt: skip
+                    "is synced and commits to DuckDB this often (the default, 1); 0: each batch")  # fmt: skip
     ap.add_argument("--warmup", type=float, default=None, help="seconds (default 10%%, >= 30)")
     ap.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = ap.parse_args(argv)

@@ -181,12 +181,15 @@ def _port() -> int:
         return int(sock.getsockname()[1])
 
 
+@pytest.mark.parametrize("commit_interval", ["0", "1"], ids=["commit-per-batch", "journal"])
 def test_the_sidecar_on_a_scribbled_database_turns_not_ready_at_the_first_failed_write(
-    image: bytes, tmp_path: Path
+    image: bytes, tmp_path: Path, commit_interval: str
 ) -> None:
     """Damage inside table data is found by the first write that reads it (checking every
     block at start would read the whole file): from then on /readyz is 503 with the reason,
-    and stays so, rather than ready while every export gets 503."""
+    and stays so, rather than ready while every export gets 503. With the journal the first
+    write is acknowledged once journaled; its commit meets the damage, and what comes after
+    it is refused."""
     import time
 
     import httpx
@@ -194,31 +197,46 @@ def test_the_sidecar_on_a_scribbled_database_turns_not_ready_at_the_first_failed
     db = tmp_path / "bad.duckdb"
     _scribbled(image, db)
     api, otlp = _port(), _port()
+    env = {**os.environ, "SLOKIT_COMMIT_INTERVAL_S": commit_interval}
     with (tmp_path / "sidecar.log").open("wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "slokit", "sidecar", "--db", str(db), "--replica", "p",
              "--listen", f"127.0.0.1:{api}", "--otlp-http", f"127.0.0.1:{otlp}",
              "--otlp-grpc", ""],
-            stdout=log, stderr=subprocess.STDOUT,
+            stdout=log, stderr=subprocess.STDOUT, env=env,
         )  # fmt: skip
+
+        def ready() -> httpx.Response:
+            return httpx.get(f"http://127.0.0.1:{api}/readyz", timeout=30)
+
+        def feedback(rid: str) -> httpx.Response:
+            return httpx.post(f"http://127.0.0.1:{api}/v1/feedback", timeout=30,
+                              json=[{"request_id": rid, "quality_pass": True}])  # fmt: skip
+
         try:
             deadline = time.monotonic() + 60
             while True:
                 assert proc.poll() is None, (tmp_path / "sidecar.log").read_text()
                 try:
-                    if httpx.get(f"http://127.0.0.1:{api}/readyz").status_code == 200:
+                    if ready().status_code == 200:
                         break
                 except httpx.HTTPError:
                     pass
                 assert time.monotonic() < deadline, "never ready"
                 time.sleep(0.1)
             # a quality result for a stored request: its merge reads the damaged blocks
-            r = httpx.post(f"http://127.0.0.1:{api}/v1/feedback", timeout=30,
-                           json=[{"request_id": "r24", "quality_pass": True}])  # fmt: skip
+            r = feedback("r24")
+            if commit_interval == "1":
+                assert r.status_code == 200, r.text  # in the journal, synced
+                deadline = time.monotonic() + 60
+                while ready().status_code == 200:  # until the journal's commit fails
+                    assert time.monotonic() < deadline, "the failed commit never showed"
+                    time.sleep(0.1)
+                r = feedback("r25")
             # a fault of the storage, not of the records: retryable, never a 500 or a 422
             assert r.status_code == 503 and "Retry-After" in r.headers, r.text
-            ready = httpx.get(f"http://127.0.0.1:{api}/readyz")
-            assert ready.status_code == 503 and "checksum" in ready.json()["reason"]
+            answer = ready()
+            assert answer.status_code == 503 and "checksum" in answer.json()["reason"]
         finally:
             proc.terminate()
             proc.wait(30)

@@ -75,6 +75,14 @@ class Running:
     def grpc_target(self) -> str:
         return f"127.0.0.1:{self.sidecar.ports['otlp_grpc']}"
 
+    def committed(self) -> Store:
+        """The sidecar's store once every acknowledged fragment is in DuckDB: with the
+        journal (the default) the writer commits what it holds first, as the API's reads do."""
+        sc = self.sidecar
+        assert sc.store is not None and sc.writer is not None
+        assert sc.writer.flush(timeout_s=120), f"the writer did not commit: {sc.writer.last_error}"
+        return sc.store
+
     def value(self, name: str, **labels: str) -> float:
         v = self.registry.get_sample_value(name, labels)
         return 0.0 if v is None else v
@@ -108,8 +116,7 @@ def post(url: str, body: bytes, content_type: str = "application/x-protobuf",
 
 
 def request_ids(running: Running) -> set[str]:
-    assert running.sidecar.store is not None
-    return stored_request_ids(running.sidecar.store)
+    return stored_request_ids(running.committed())
 
 
 def stored_request_ids(store: Store) -> set[str]:
@@ -184,8 +191,7 @@ async def serve_on_free_port(runner: web.AppRunner) -> int:
 
 def store_rows(sc: Running, sql: str) -> list[tuple[Any, ...]]:
     """Rows of ``sql`` read from the running sidecar's store (its own cursor)."""
-    assert sc.sidecar.store is not None
-    cur = sc.sidecar.store.cursor()
+    cur = sc.committed().cursor()
     try:
         return cur.execute(sql).fetchall()
     finally:

@@ -17,8 +17,7 @@ SLO = REPO / "examples" / "slo" / "chat.yaml"
 
 
 def _quality(sc: Running, rid: str) -> object:
-    assert sc.sidecar.store is not None
-    cur = sc.sidecar.store.cursor()
+    cur = sc.committed().cursor()
     try:
         return cur.execute(
             "SELECT quality_pass FROM requests WHERE request_id = ?", [rid]
@@ -108,8 +107,7 @@ def test_metrics_count_each_finished_request_once_by_slo_outcome(
                    if s.name == "slokit_requests_total")  # fmt: skip
 
     wait_for(lambda: counted() == 64, what="64 requests counted")
-    assert sc.sidecar.store is not None
-    with sc.sidecar.store.cursor() as cur:
+    with sc.committed().cursor() as cur:
         rows = cur.execute("SELECT count(*) FROM requests").fetchone()
     assert rows == (64,)
     good = sc.value("slokit_requests_total", **{"class": "default", "replica": "test-pod",

@@ -37,7 +37,7 @@ def _send_llm_request(exporter: SpanExporter, request_id: str) -> None:
     provider.shutdown()
 
 
-def test_real_vllm_export_over_grpc_is_committed_before_ok(
+def test_real_vllm_export_over_grpc_is_kept_before_ok(
     start_sidecar: StartSidecar, export_body: bytes
 ) -> None:
     sc = start_sidecar()

@@ -118,8 +118,7 @@ def db_file(tmp_path: Path, exports: list[bytes]) -> str:
 @pytest.fixture
 def local(sidecar: Running) -> Iterator[LocalReader]:
     """The running sidecar's own store, read on a cursor of its connection."""
-    assert sidecar.sidecar.store is not None
-    cur = sidecar.sidecar.store.cursor()
+    cur = sidecar.committed().cursor()
     yield LocalReader(cur)
     cur.close()
 
@@ -211,8 +210,7 @@ def test_the_reader_answers_what_the_store_does(
 ) -> None:
     sc = start_sidecar(vllm_urls=(target.url,), scrape_interval_s=0.2, diagnose_interval_s=0)
     assert post(sc.otlp, export_body).status_code == 200
-    assert sc.sidecar.store is not None
-    cur = sc.sidecar.store.cursor()
+    cur = sc.committed().cursor()
     try:
         here = LocalReader(cur)
         wait_for(lambda: len(here.engine_series(None, None).get("test-pod", [])) >= 2,
@@ -247,8 +245,7 @@ def test_paging_returns_every_record_once_in_the_store_order(
         assert post(sc.otlp, body).status_code == 200
     fb = [{"request_id": f"ghost-{i}", "quality_pass": True} for i in range(2)]
     assert httpx.post(f"{sc.api}/v1/feedback", json=fb).status_code == 200
-    assert sc.sidecar.store is not None
-    cur = sc.sidecar.store.cursor()
+    cur = sc.committed().cursor()
     try:
         here = LocalReader(cur)
         with SidecarReader(sc.api, page_size=page_size) as there:

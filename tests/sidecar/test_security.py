@@ -102,8 +102,7 @@ def test_prompt_and_completion_text_is_stored_and_logged_nowhere(
     assert files
     for p in files:
         assert CANARY.encode() not in p.read_bytes(), p
-    assert sc.sidecar.store is not None
-    with sc.sidecar.store.cursor() as cur:
+    with sc.committed().cursor() as cur:
         # every row of every table, as text (the file's own strings may be compressed)
         tables = [r[0] for r in cur.execute("SELECT table_name FROM duckdb_tables()").fetchall()]
         assert "requests" in tables

@@ -1,7 +1,7 @@
 """OTLP/HTTP trace receiver: ``POST /v1/traces`` (protobuf or JSON, gzip/deflate or not).
 
 Answers per the OTLP/HTTP spec: 200 with ``ExportTraceServiceResponse`` (``partial_success``
-when spans were rejected) once the spans are committed; 400 with a ``google.rpc.Status``
+when spans were rejected) once the spans are durable (see OtlpIngest); 400 with a ``google.rpc.Status``
 body for undecodable data; 413 past the body limit (checked after decompression, so a gzip
 bomb is stopped at the limit); 415 for a missing or unknown content type; 405 for other
 methods; 503 with ``Retry-After`` under overload. The response uses the request's encoding

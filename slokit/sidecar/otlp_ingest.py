@@ -1,7 +1,8 @@
-"""What both OTLP receivers share: decode, hand to the writer, wait for the commit.
+"""What both OTLP receivers share: decode, hand to the writer, wait until it is durable.
 
-:meth:`OtlpIngest.accept` returns only once the request's fragments are committed, so the
-receivers can answer 200 knowing the spans are durable. It raises :class:`Overloaded` when
+:meth:`OtlpIngest.accept` returns only once the request's fragments are durable (synced in
+the writer's journal, or committed to DuckDB when there is no journal), so the receivers can
+answer 200 knowing the spans are kept. It raises :class:`Overloaded` when
 the write queue is full or the commit does not come within ``ack_timeout_s`` (the receiver
 answers 503/UNAVAILABLE with Retry-After; the client's retry is harmless because fragments
 are deduplicated by id).
@@ -55,10 +56,10 @@ class OtlpIngest:
     async def accept(
         self, decoded: DecodedTraces, protocol: str, raw: tuple[bytes, str, str | None]
     ) -> Accepted:
-        """Count ``decoded``, commit its fragments, and say what partial_success to send.
+        """Count ``decoded``, make its fragments durable, and say what partial_success to send.
 
         ``raw`` is the body as received (bytes, content type, encoding): forwarded upstream
-        unchanged once the spans are committed.
+        unchanged once the spans are durable.
         """
         m = self.metrics
         m.spans_received.labels(protocol=protocol).inc(decoded.spans)

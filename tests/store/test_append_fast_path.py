@@ -7,17 +7,19 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from unittest.mock import patch
 
 import duckdb
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slokit.errors import BadInput
-from slokit.records import EngineSample, HistogramSnapshot, RequestFragment
+from slokit.records import FRAGMENT_FIELDS, EngineSample, HistogramSnapshot, RequestFragment
 from slokit.store import append
 from slokit.store.db import open_store
 from slokit.store.merge import merge_sql
@@ -254,6 +256,51 @@ def test_a_bad_fragment_is_bad_input_and_its_batch_writes_nothing(
             store.append_fragments([vllm("r0"), bad])
         assert fragment_ids(store.con) == ["vllm:kept:0"]
         assert store.con.execute("SELECT request_id FROM requests").fetchall() == [("kept",)]
+
+
+def _field_values(name: str) -> st.SearchStrategy[Any]:
+    typ = append.FRAGMENT_TYPES[name]
+    if name in ("request_id", "source", "fragment_id"):
+        return st.text(min_size=1, max_size=8)
+    if typ == append.TS or typ == pa.float64():
+        return st.none() | st.floats(allow_nan=True, allow_infinity=False, width=64)
+    if typ == pa.int32():
+        return st.none() | st.integers(-(2**31), 2**31 - 1)
+    if typ == pa.int64():
+        return st.none() | st.integers(-(2**63), 2**63 - 1)
+    if typ == pa.bool_():
+        return st.none() | st.booleans()
+    return st.none() | st.text(max_size=8)
+
+
+_FRAGMENTS = st.lists(
+    st.builds(RequestFragment, **{n: _field_values(n) for n in FRAGMENT_FIELDS}), max_size=12
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(fragments=_FRAGMENTS)
+def test_fragments_become_the_same_table_as_built_field_by_field(
+    fragments: list[RequestFragment],
+) -> None:
+    def table_or_error(build: Callable[[list[RequestFragment]], pa.Table]) -> Any:
+        try:
+            table = build(fragments)
+        except BadInput as exc:
+            return str(exc)
+        as_ints = [c.cast(pa.int64()) if c.type == append.TS else c for c in table.columns]
+        return table.schema, repr([c.to_pylist() for c in as_ints])  # repr: NaN equals NaN
+
+    assert table_or_error(append.fragments_table) == table_or_error(
+        append.fragments_table_by_column
+    )
+
+
+def test_fragments_of_the_right_types_go_to_arrow_in_one_conversion() -> None:
+    with patch.object(append, "fragments_table_by_column", side_effect=AssertionError):
+        table = append.fragments_table([vllm("r1"), frag("r2", "client", client_ttft_s=0.3)])
+    assert table.column("client_ttft_s").to_pylist() == [None, 0.3]
+    assert table.column("arrival_ts").cast(pa.int64()).to_pylist() == [int(T0 * 1e6), None]
 
 
 def test_fragment_columns_follow_the_tables() -> None:

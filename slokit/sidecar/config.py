@@ -7,7 +7,7 @@ Keys (YAML and flags share names; env is ``SLOKIT_`` + upper-case key, lists com
 ``commit_interval_s``, ``journal``,
 ``sli_grace_s``, ``sli_interval_s``, ``diagnose_interval_s``, ``ack_timeout_s``,
 ``scrape_timeout_s``, ``db_memory_limit``, ``scrape_sample_limit``, ``scrape_body_limit_bytes``,
-``metrics_max_models``, ``metrics_max_replicas``, ``metrics_allow_models``,
+``db_threads``, ``metrics_max_models``, ``metrics_max_replicas``, ``metrics_allow_models``,
 ``metrics_allow_replicas``, ``metrics_max_series`` (docs/metrics.md).
 Connection hygiene: ``header_timeout_s``, ``body_timeout_s``, ``idle_timeout_s``,
 ``api_max_connections``, ``otlp_max_connections`` (docs/sidecar.md).
@@ -78,6 +78,10 @@ class SidecarConfig:
     commit_interval_s: float = 1.0
     journal: str | None = None  # the journal's path (default: the db's path + ".journal")
     db_memory_limit: str | None = "128MB"  # DuckDB's buffer pool bound (None: DuckDB's default)
+    # DuckDB's worker threads (0: one per core, DuckDB's default). 1: the sidecar at 200
+    # spans/s in exports of 20 used 0.84x the CPU of 0 (13.7-14.0% vs 15.8-17.1% of a core,
+    # benchmarks/soak_sidecar.py, taking turns); its queries are over one pod's data
+    db_threads: int = 1
     sli_grace_s: float = 30.0
     sli_interval_s: float = 5.0
     diagnose_interval_s: float = 30.0  # periodic findings; 0: off (pandas never loads)
@@ -159,6 +163,8 @@ class SidecarConfig:
                 raise BadInput(f"{key} must be >= {MIN_CONNECTIONS}, got {getattr(self, key)}")
         if self.token is not None:
             check_token(self.token)
+        if not 0 <= self.db_threads <= 1024:
+            raise BadInput(f"db_threads must be 0 (one per core) to 1024, got {self.db_threads}")
         if self.scrape_sample_limit < 0 or self.scrape_body_limit_bytes <= 0:
             raise BadInput("scrape_sample_limit must be >= 0, scrape_body_limit_bytes > 0")
         if min(self.metrics_max_models, self.metrics_max_replicas, self.metrics_max_series) < 1:

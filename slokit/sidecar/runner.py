@@ -189,6 +189,8 @@ class Sidecar:
                 store.con.execute("SET memory_limit = ?", [cfg.db_memory_limit])
             except Exception as exc:  # duckdb.Error: a bad size string
                 raise BadInput(f"db_memory_limit {cfg.db_memory_limit!r}: {exc}") from None
+        if cfg.db_threads:
+            store.con.execute(f"SET threads = {int(cfg.db_threads)}")
         journal_path = cfg.journal_path()
         journal = None
         if journal_path is not None:

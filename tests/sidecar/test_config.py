@@ -152,3 +152,15 @@ def test_the_journal_lives_beside_the_database_by_default() -> None:
 def test_a_commit_interval_out_of_range_is_refused(value: str) -> None:
     with pytest.raises(BadInput, match="commit_interval_s"):
         load_config(env={"SLOKIT_COMMIT_INTERVAL_S": value}).validate()
+
+
+def test_duckdb_runs_one_thread_unless_told_otherwise() -> None:
+    assert load_config(env={}).db_threads == 1
+    assert load_config(env={"SLOKIT_DB_THREADS": "0"}).validate().db_threads == 0  # per core
+    assert load_config(env={}, flags={"db_threads": 4}).validate().db_threads == 4
+
+
+@pytest.mark.parametrize("value", ["-1", "1025"])
+def test_a_thread_count_out_of_range_is_refused(value: str) -> None:
+    with pytest.raises(BadInput, match="db_threads"):
+        load_config(env={"SLOKIT_DB_THREADS": value}).validate()

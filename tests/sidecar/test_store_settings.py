@@ -1,0 +1,25 @@
+"""The sidecar's DuckDB runs with the configured thread count and memory bound."""
+
+from __future__ import annotations
+
+from sidecar_harness import Running, StartSidecar
+
+
+def _setting(sc: Running, name: str) -> str:
+    cur = sc.sidecar.store.cursor()
+    try:
+        return str(cur.execute(f"SELECT current_setting('{name}')").fetchall()[0][0])
+    finally:
+        cur.close()
+
+
+def test_the_store_runs_one_thread_and_the_memory_bound_by_default(
+    start_sidecar: StartSidecar,
+) -> None:
+    sc = start_sidecar()
+    assert _setting(sc, "threads") == "1"
+    assert _setting(sc, "memory_limit") == "122.0 MiB"  # 128MB, as DuckDB shows it
+
+
+def test_the_store_runs_the_threads_it_is_given(start_sidecar: StartSidecar) -> None:
+    assert _setting(start_sidecar(db_threads=3), "threads") == "3"

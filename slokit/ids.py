@@ -16,8 +16,6 @@ import re
 
 from slokit.errors import BadInput
 
-_PREFIX = re.compile(r"^(?:chatcmpl|cmpl)-")
-_SUBINDEX = re.compile(r"-\d+$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 #: Longest request id kept (a UUID is 36; W3C trace ids 32).
@@ -41,10 +39,17 @@ def normalize_request_id(raw: str, *, from_span: bool = False) -> str:
     ids clients send carry no sub-index, so a client id ending in ``-3`` survives. The result
     may be empty; :func:`checked_request_id` refuses that.
     """
+    # string operations, not regular expressions: this runs once per span on the ingest path
     rid = raw.strip()
     if from_span and rid.startswith("cmpl-"):
-        rid = _SUBINDEX.sub("", rid, count=1)
-    return _PREFIX.sub("", rid, count=1).strip()
+        head, dash, index = rid.rpartition("-")
+        if dash and index.isdecimal():  # isdecimal: what \d matches
+            rid = head
+    if rid.startswith("chatcmpl-"):
+        rid = rid[9:]
+    elif rid.startswith("cmpl-"):
+        rid = rid[5:]
+    return rid.strip()
 
 
 def checked_request_id(raw: str, *, from_span: bool = False) -> str:

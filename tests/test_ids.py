@@ -1,4 +1,8 @@
+import re
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from slokit.ids import (
     MAX_REQUEST_ID_CHARS,
@@ -55,3 +59,26 @@ def test_an_id_that_cannot_be_a_key_is_refused_with_its_reason(raw: str, reason:
 def test_a_checked_id_is_the_normalized_id() -> None:
     assert checked_request_id(" cmpl-r24-0 ", from_span=True) == "r24"
     assert checked_request_id("x" * MAX_REQUEST_ID_CHARS) == "x" * MAX_REQUEST_ID_CHARS
+
+
+def _normalized_by_the_regular_expressions(raw: str, from_span: bool) -> str:
+    """The rule as first written, with regular expressions: the specification."""
+    rid = raw.strip()
+    if from_span and rid.startswith("cmpl-"):
+        rid = re.sub(r"-\d+$", "", rid, count=1)
+    return re.sub(r"^(?:chatcmpl|cmpl)-", "", rid, count=1).strip()
+
+
+_IDS = st.tuples(
+    st.sampled_from(["", " ", "cmpl-", "chatcmpl-", "cmpl-chatcmpl-", "-"]),
+    st.text(max_size=4),
+    st.sampled_from(["", "-", "--"]),
+    st.sampled_from(["", "0", "12", "\u0663", "\u00b2", "x", "7-"]),  # \u00b2: a digit, not \d
+    st.sampled_from(["", " ", "\n"]),
+).map("".join)
+
+
+@given(raw=_IDS, from_span=st.booleans())
+def test_normalization_is_what_the_regular_expressions_say(raw: str, from_span: bool) -> None:
+    expected = _normalized_by_the_regular_expressions(raw, from_span)
+    assert normalize_request_id(raw, from_span=from_span) == expected

@@ -31,7 +31,7 @@ from slokit.sources.exposition import MetricFamily, parse_exposition
 from slokit.sources.files import parse_metrics_file, parse_quality, parse_requests_file
 from slokit.sources.otlp import PayloadTooLarge, decode_traces, decompress
 from slokit.sources.router_metrics import is_router_exposition, router_samples_from_families
-from slokit.store.append import fragments_table
+from slokit.store.append import AppendResult, fragments_table
 from slokit.store.db import Store
 
 #: Default limit on an OTLP file's (decompressed) size: the sidecar's body limit.
@@ -111,19 +111,27 @@ def _each_file(
         try:
             handle(path)
         except BadInput as exc:
-            msg = str(exc) if str(path) in str(exc) else f"{path}: {exc}"
-            report.bad_files.append((str(path), msg))
-            store.record_rejection(source, "bad file", 1, msg[:500])
+            _bad_file(store, report, source, path, exc)
             continue
         report.files += 1
     return report
 
 
-def _store_fragments(store: Store, report: IngestReport, frags: list[RequestFragment]) -> None:
-    res = store.append_fragments(frags)
+def _bad_file(store: Store, report: IngestReport, source: str, path: Path, exc: BadInput) -> None:
+    """Report ``path`` as a bad file (and count it in ``ingest_rejections``)."""
+    msg = str(exc) if str(path) in str(exc) else f"{path}: {exc}"
+    report.bad_files.append((str(path), msg))
+    store.record_rejection(source, "bad file", 1, msg[:500])
+
+
+def _count_stored(report: IngestReport, res: AppendResult) -> None:
     report.fragments += res.received
     report.new_fragments += res.new
     report.requests += res.requests_touched
+
+
+def _store_fragments(store: Store, report: IngestReport, frags: list[RequestFragment]) -> None:
+    _count_stored(report, store.append_fragments(frags))
 
 
 def _too_big(path: Path, what: str, max_bytes: int) -> BadInput:
@@ -214,23 +222,18 @@ class _PendingFragments:
         files, self.files, self.rows = self.files, [], 0
         if not files:
             return
+        store, report = self.store, self.report
         try:
-            self._store(pa.concat_tables([t for _, t in files]))
+            _count_stored(
+                report, store.append_fragment_table(pa.concat_tables([t for _, t in files]))
+            )
         except BadInput:  # a value the store refuses: find its file, keep the others
             for path, table in files:
                 try:
-                    self._store(table)
+                    _count_stored(report, store.append_fragment_table(table))
                 except BadInput as exc:
-                    self.report.files -= 1
-                    msg = str(exc) if str(path) in str(exc) else f"{path}: {exc}"
-                    self.report.bad_files.append((str(path), msg))
-                    self.store.record_rejection("otlp", "bad file", 1, msg[:500])
-
-    def _store(self, table: pa.Table) -> None:
-        res = self.store.append_fragment_table(table)
-        self.report.fragments += res.received
-        self.report.new_fragments += res.new
-        self.report.requests += res.requests_touched
+                    report.files -= 1  # counted as read when it was decoded
+                    _bad_file(store, report, "otlp", path, exc)
 
 
 def store_samples(

@@ -41,7 +41,8 @@ class Series:
 
 
 class PrometheusClient:
-    """The two API calls backfill needs; the HTTP client is injected (tests, auth, TLS)."""
+    """The API calls backfill and the Prometheus reader need; the HTTP client is injected
+    (tests, auth, TLS)."""
 
     def __init__(
         self, base_url: str, client: httpx.Client | None = None, timeout_s: float = 60.0
@@ -90,6 +91,20 @@ class PrometheusClient:
         if data.get("resultType") != "vector":
             raise BadInput(f"query returned {data.get('resultType')!r}, expected a vector")
         return [(dict(r["metric"]), float(r["value"][1])) for r in data["result"]]
+
+    def raw_samples(self, selector: str, window_s: float, at: float) -> list[Series]:
+        """The samples as stored (no lookback, no step) of ``selector`` in the ``window_s``
+        seconds before ``at``: an instant query of a range vector."""
+        data = self._get(
+            "/api/v1/query", {"query": f"{selector}[{max(1, round(window_s * 1000))}ms]",
+                              "time": _num(at)}
+        )  # fmt: skip
+        if data.get("resultType") != "matrix":
+            raise BadInput(f"query returned {data.get('resultType')!r}, expected a matrix")
+        return [
+            Series(dict(r["metric"]), [(float(t), float(v)) for t, v in r.get("values", [])])
+            for r in data["result"]
+        ]
 
 
 def _num(x: float) -> str:

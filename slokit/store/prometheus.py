@@ -19,7 +19,9 @@ VictoriaMetrics): every pod's vLLM, DCGM and slokit series, for a fleet-wide dia
 * **Extent** (:meth:`bounds`): a ``count_over_time`` range query of
   ``vllm:num_requests_running`` over ``history_s`` (default 7 days) before Prometheus' own
   clock finds the first and last steps with data; one fine range query of ``timestamp()``
-  around each gives the exact oldest and newest sample.
+  around each finds the newest sample and the fine step holding the oldest, whose raw
+  samples (an instant query of a range vector) give the oldest exactly, wherever the
+  grid of steps falls.
 
 Headers (Mimir's ``X-Scope-OrgID``, a bearer token as ``Authorization``) and basic auth go
 with every call; on the loopback interface answers are asked uncompressed. An unreachable server, an HTTP error or an answer that is not Prometheus'
@@ -136,27 +138,41 @@ class PrometheusReader:
     def _find_bounds(self) -> tuple[float | None, float | None]:
         now = self.client.server_time()
         step = max(60.0, math.ceil(self.history_s / 1000))
+        sel = pq.series(pq.PRESENCE)
         # Each point looks back two steps and the grid ends a step past ``now``: data newer
         # than the grid's last point before ``now`` (a fresh Prometheus) is never missed,
         # whatever the rounding of the grid.
         coarse = self.client.query_range(
-            f"count(count_over_time({pq.series(pq.PRESENCE)}[{pq.duration(2 * step)}]))",
+            f"count(count_over_time({sel}[{pq.duration(2 * step)}]))",
             now - self.history_s, now + step, step,
         )  # fmt: skip
         times = sorted(t for s in coarse for t, v in s.points if v > 0)
         if not times:
             return None, None
 
-        def exact(end: float, pick: Any) -> float:
-            fine = max(1.0, min(step / 1000, 60.0))  # under the 5 min staleness
-            got = self.client.query_range(
-                f"min(timestamp({pq.series(pq.PRESENCE)}))" if pick is min
-                else f"max(timestamp({pq.series(pq.PRESENCE)}))", end - 2 * step, end, fine,
-            )  # fmt: skip
-            vals = [v for s in got for _, v in s.points if math.isfinite(v)]
-            return float(pick(vals)) if vals else end
+        fine = max(1.0, min(step / 1000, 60.0))  # under the 5 min staleness
 
-        return exact(times[0], min), exact(times[-1], max)
+        def points(end: float, agg: str) -> list[tuple[float, float]]:
+            got = self.client.query_range(f"{agg}(timestamp({sel}))", end - 2 * step, end, fine)
+            return sorted((t, v) for s in got for t, v in s.points if math.isfinite(v))
+
+        def oldest(end: float) -> float:
+            # The first fine point that sees data looks back up to 5 minutes and finds the
+            # newest sample before it, not the oldest: the one before it saw none, so the
+            # oldest sample is within ``fine`` of it, and its raw samples name it exactly.
+            found = points(end, "min")
+            if not found:
+                return end
+            first_point, seen = found[0]
+            raw = self.client.raw_samples(sel, 2 * fine, first_point)
+            return min([seen, *(t for s in raw for t, _ in s.points)])
+
+        def newest(end: float) -> float:
+            # Every point up to 5 minutes after the newest sample reports its timestamp.
+            found = points(end, "max")
+            return max(v for _, v in found) if found else end
+
+        return oldest(times[0]), newest(times[-1])
 
     # -- engine and GPU: an in-memory store of the fetched window ---------------------------
     def _engine(self, lo: float, hi: float) -> LocalReader:

@@ -164,6 +164,23 @@ def rec_options(sc: Any) -> dict[str, Any]:
     return {}
 
 
+def test_the_extent_is_the_oldest_and_newest_vllm_sample_wherever_the_grid_falls(
+    served: Served,
+) -> None:
+    # The coarse and fine grids are anchored on Prometheus' clock: a lower bound read off
+    # the first grid point that sees data would land up to a fine step after the oldest
+    # sample, and a diagnosis from it would start after the incident's baseline.
+    stamps = [
+        round(ts + day * 86400, 3)
+        for day, (_, rec) in enumerate(served.runs.values())
+        for _, ts, pod in rec.scrapes
+        if pod is not None
+    ]
+    for history_s in (HISTORY_S, HISTORY_S + 86400 + 17.5):
+        with PrometheusReader(served.url, history_s=history_s) as reader:
+            assert reader.bounds() == (min(stamps), max(stamps))
+
+
 def test_queue_saturation_through_prometheus(served: Served) -> None:
     doc = _diagnose(served, "queue_saturation", 0)
     rules = {(f["rule"], f["replica"]) for f in doc["findings"]}

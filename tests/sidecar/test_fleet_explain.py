@@ -245,7 +245,11 @@ class DnsServer:
                 query, peer = self.sock.recvfrom(512)
             except OSError:
                 return
-            self.sock.sendto(self._answer(query), peer)
+            try:
+                answer = self._answer(query)
+            except (struct.error, IndexError, UnicodeDecodeError):
+                continue  # not a DNS query (a stray datagram to a reused port): dropped
+            self.sock.sendto(answer, peer)
 
     def _answer(self, query: bytes) -> bytes:
         qid, _flags, _qd, _an, _ns, _ar = struct.unpack("!6H", query[:12])

@@ -245,13 +245,14 @@ def test_long_requests_in_a_small_kv_pool_are_kv_pressure(
     )
 
 
-@pytest.fixture
-def two_small_kv_servers(
-    tiny_model_dir: Path, capture: OtlpHttpCapture, tmp_path: Path
+@pytest.fixture(scope="module")
+def _two_pods(
+    tiny_model_dir: Path, capture: OtlpHttpCapture, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, VllmServer]]:
-    """pod-a and pod-b, each with 40 KV blocks of 128 tokens and a cold prefix cache
-    (started together for each test, stopped after it so that no memory is held for the
-    rest of the session)."""
+    """pod-a and pod-b, each with 40 KV blocks of 128 tokens, started together once for the
+    scale-out tests (the last of this module: they are stopped right after them). vLLM's
+    dev-mode endpoints are on for ``POST /reset_prefix_cache``."""
+    logs = tmp_path_factory.mktemp("two-pods")
     servers = {
         pod: VllmServer(
             VllmServerConfig(
@@ -265,8 +266,9 @@ def two_small_kv_servers(
                 otel_resource_attributes=(("k8s.pod.name", pod),),
                 otel_bsp_schedule_delay_ms=200,
                 extra_args=("--enable-prefix-caching",),
+                extra_env=(("VLLM_SERVER_DEV_MODE", "1"),),
             ),
-            log_path=tmp_path / f"{pod}.log",
+            log_path=logs / f"{pod}.log",
         )
         for pod in ("pod-a", "pod-b")
     }
@@ -276,6 +278,21 @@ def two_small_kv_servers(
     finally:
         for server in servers.values():
             server.stop()
+
+
+@pytest.fixture
+def two_small_kv_servers(_two_pods: dict[str, VllmServer]) -> dict[str, VllmServer]:
+    """The two pods with a cold prefix cache: each test's scale-out starts from nothing
+    cached, as on freshly started servers."""
+    for pod, server in _two_pods.items():
+        deadline = time.monotonic() + 60
+        while True:  # refused while a request still holds blocks: the last ones drain
+            resp = httpx.post(f"{server.base_url}/reset_prefix_cache", timeout=30)
+            if resp.status_code == 200 and resp.json().get("success") is True:
+                break
+            assert time.monotonic() < deadline, (pod, resp.status_code, resp.text)
+            time.sleep(0.5)
+    return _two_pods
 
 
 #: pod-a alone serves 6 shared prefixes (~570 tokens, 4 full blocks each: 24 blocks; its

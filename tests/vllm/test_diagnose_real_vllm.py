@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from slokit.lab.load import LoadConfig, run_load
 from slokit.lab.otlp_capture import OtlpHttpCapture
 from slokit.lab.vllm_server import VllmServer, VllmServerConfig, start_together
 from slokit.lab.workload import parse_workload_yaml
-from slokit.records import EngineSample
+from slokit.records import EngineSample, RequestFragment
 from slokit.sources.files import parse_load_jsonl
 from slokit.sources.otlp import decode_traces
 from slokit.sources.vllm_metrics import parse_vllm_metrics
@@ -129,11 +130,24 @@ async def _scrape(
             await asyncio.sleep(max(0.0, 1.0 - (time.time() - ts)))
 
 
+def runqueue_wait_s(pid: int) -> float:
+    """Seconds the main thread of ``pid`` (vLLM's API server: its event loop, which also
+    turns the engine's outputs into tokens and spans) has spent runnable but waiting for a
+    CPU, from ``/proc/PID/schedstat``; 0 where the kernel does not say."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 @dataclass
 class Driven:
     samples: list[EngineSample]
     files: list[Path]
     phase_starts: list[float]
+    # per phase, per pod: seconds its API server's loop waited for a CPU (other work on the
+    # machine, or more traffic than its share of the cores)
+    frontend_waits: list[dict[str, float]] = field(default_factory=list)
 
 
 async def _drive(
@@ -145,9 +159,13 @@ async def _drive(
     await asyncio.sleep(3.0)
     for i, p in enumerate(phases):
         driven.phase_starts.append(time.time())
+        waited = {pod: runqueue_wait_s(s.pid or 0) for pod, s in servers.items()}
         configs = _loads(p, servers, i, run, tmp)
         await asyncio.gather(*(run_load(c) for c in configs))
         driven.files.extend(c.out for c in configs if c.out is not None)
+        driven.frontend_waits.append(
+            {pod: runqueue_wait_s(s.pid or 0) - waited[pod] for pod, s in servers.items()}
+        )
     await asyncio.sleep(3.0)
     stop.set()
     await scraper
@@ -162,12 +180,17 @@ def _diagnose_run(
     *,
     since_phase: int | None = None,
     baseline_s: float | None = None,
+    frontend_waits: list[dict[str, float]] | None = None,
 ) -> dict[str, Any]:
     """Drive the phases, store what a sidecar would, and diagnose: the whole run, or from
-    the start of phase ``since_phase`` with ``baseline_s`` of history as the baseline."""
+    the start of phase ``since_phase`` with ``baseline_s`` of history as the baseline.
+
+    ``frontend_waits``, when given, receives per phase and pod the seconds per request the
+    pod's API server waited for a CPU (:func:`starved_frontends`)."""
     servers = server if isinstance(server, dict) else {POD: server}
     run = "d" + uuid.uuid4().hex[:6]
     before = len(capture.snapshot())
+    served: list[RequestFragment] = []
     driven = asyncio.run(_drive(servers, phases, run, tmp))
     time.sleep(1.0)  # the span exporter's last batch (200 ms schedule delay)
     with open_store(":memory:") as store:
@@ -180,16 +203,54 @@ def _diagnose_run(
                 if fr.request_id.startswith(run)
             ]
             store.append_fragments(frags)
+            if frontend_waits is not None:
+                served += frags
         store.append_engine_samples(driven.samples)
+        if frontend_waits is not None:
+            ends = [*driven.phase_starts[1:], math.inf]
+            for i, waits in enumerate(driven.frontend_waits):
+                lo, hi = driven.phase_starts[i], ends[i]
+                frontend_waits.append({})
+                for pod, wait_s in waits.items():
+                    n = sum(
+                        1 for f in served if f.replica == pod and lo <= (f.arrival_ts or 0) < hi
+                    )
+                    frontend_waits[-1][pod] = wait_s / max(1, n)
         if since_phase is None:
             return diagnose(store.reader())
         options = DiagnoseOptions(baseline_lookback_s=baseline_s or 3600.0)
         return diagnose(store.reader(), since=driven.phase_starts[since_phase], options=options)
 
 
+def starved_frontends(
+    doc: dict[str, Any], frontend_waits: list[dict[str, float]], since_phase: int
+) -> set[str]:
+    """The ids of the ``frontend_bound`` findings that the kernel confirms: the pod's API
+    server waited for a CPU, per request, at least half the rise in frontend time the
+    finding reports, more than in the phase before. On a machine whose cores are busy with
+    other work, vLLM's API server (the event loop that reads requests and turns the
+    engine's outputs into tokens) is starved like a container at its CPU limit: that is a
+    true frontend-bound incident, not a false alarm of the scenario's."""
+    confirmed = set()
+    for f in doc["findings"]:
+        if f["rule"] != "frontend_bound":
+            continue
+        ev, pod = f["evidence"], f["replica"]
+        rise = (ev["episode"]["frontend_mean"] or 0.0) - (ev["baseline"]["frontend_mean"] or 0.0)
+        waits = [frontend_waits[i].get(pod, 0.0) for i in (since_phase - 1, since_phase)]
+        if waits[1] - waits[0] >= 0.5 * rise:
+            confirmed.add(f["id"])
+    return confirmed
+
+
 def _rules(doc: dict[str, Any], min_severity: str = "warning") -> set[str]:
     rank = {"info": 0, "warning": 1, "critical": 2}
     return {f["rule"] for f in doc["findings"] if rank[f["severity"]] >= rank[min_severity]}
+
+
+def _rules_except(doc: dict[str, Any], ids: set[str]) -> set[str]:
+    """The rules of every finding (info and up) but those of ``ids``."""
+    return {f["rule"] for f in doc["findings"] if f["id"] not in ids}
 
 
 @pytest.fixture(scope="module")
@@ -315,6 +376,7 @@ def test_scale_out_with_round_robin_routing_is_prefix_affinity_loss(
 ) -> None:
     # Round-robin: each replica sees all 16 prefixes (64 blocks) in its 40-block pool, so
     # LRU evicts prefixes before they come back.
+    waits: list[dict[str, float]] = []
     doc = _diagnose_run(
         two_small_kv_servers,
         capture,
@@ -322,18 +384,21 @@ def test_scale_out_with_round_robin_routing_is_prefix_affinity_loss(
         tmp_path,
         since_phase=1,
         baseline_s=40,  # the warm part of the first phase, as on-call would pick it
+        frontend_waits=waits,
     )
-    found = _rules(doc, "info")
+    starved = starved_frontends(doc, waits, 1)
+    found = _rules_except(doc, starved)
     assert "prefix_affinity_loss" in found, json.dumps(doc, indent=1)[:4000]
     f = next(f for f in doc["findings"] if f["rule"] == "prefix_affinity_loss")
     ev = f["evidence"]
     assert (ev["replicas_baseline"], ev["replicas_after"], ev["scale_out"]) == (1, 2, True)
     assert ev["hit_ratio_after"] < 0.7 * ev["hit_ratio_baseline"]
-    assert not found & _RULED_OUT
+    assert not found & _RULED_OUT, (json.dumps(doc["findings"], indent=1)[:4000], waits)
     # The loss is the root cause; the backlog it leaves is its consequence, never a cause.
-    serious = [g for g in doc["findings"] if g["severity"] != "info"]
+    serious = [g for g in doc["findings"] if g["severity"] != "info" and g["id"] not in starved]
     if serious:
-        assert doc["root_causes"][0] == f["id"], json.dumps(doc["findings"], indent=1)[:4000]
+        causes = [c for c in doc["root_causes"] if c not in starved]
+        assert causes[0] == f["id"], json.dumps(doc["findings"], indent=1)[:4000]
     for g in serious:
         if g["rule"] in ("beyond_knee", "queue_saturation", "kv_pressure"):
             assert f["id"] in {c["id"] for c in g["caused_by"]}, json.dumps(g, indent=1)
@@ -345,12 +410,12 @@ def test_scale_out_with_prefix_aware_routing_is_not_prefix_affinity_loss(
     # The same scale-out and the same 16 prefixes, routed by prefix: each replica holds its
     # 8 (32 blocks), and the fleet hit ratio stays near its baseline.
     scaled = replace(_SCALED, prefix_aware=True)
-    doc = _diagnose_run(
-        two_small_kv_servers, capture, [_WARM, scaled], tmp_path, since_phase=1, baseline_s=40
-    )
+    waits: list[dict[str, float]] = []
+    doc = _diagnose_run(two_small_kv_servers, capture, [_WARM, scaled], tmp_path,
+                        since_phase=1, baseline_s=40, frontend_waits=waits)  # fmt: skip
     # The rule ran on both pods' prefix counters (quiet for the hit ratio, not for want of data).
     assert doc["coverage"]["rules"]["prefix_affinity_loss"]["status"] == "ran"
     assert doc["coverage"]["sources"]["engine"]["replicas"] == ["pod-a", "pod-b"]
-    found = _rules(doc, "info")
+    found = _rules_except(doc, starved_frontends(doc, waits, 1))
     assert "prefix_affinity_loss" not in found, json.dumps(doc["findings"], indent=1)
-    assert not found & _RULED_OUT
+    assert not found & _RULED_OUT, (json.dumps(doc["findings"], indent=1)[:4000], waits)

@@ -18,7 +18,9 @@ Only what vLLM's span covers can be called frontend: vLLM stamps a request's arr
 starts rendering the prompt (after the HTTP request was read) and its E2E when the last
 output reached the output processor (before the last chunks are streamed), so a stall
 outside that span is the client's share (``client_s``) in explain. The test therefore also
-checks that the frontend dominates most starved requests, not only the one it explains.
+checks, for every request the stops hit inside vLLM's span (the stopper records each stop),
+that the stall is the frontend's (or the client's, whose own process shares the machine),
+not the engine's, not only for the one it explains.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ import contextlib
 import json
 import os
 import signal
-import threading
+import subprocess
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -88,13 +91,49 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+#: The stopper, in a process of its own: a thread of the test's process would wait for the
+#: GIL behind the load generator and the scraper, and wake late on a busy machine (the server
+#: then runs most of a period). Sleeps to absolute deadlines; prints each stop as
+#: "stop SENT_AT CONT_AT STOPPED CHILD_STOPPED" and sends SIGCONT when told to end (SIGTERM).
+_STOPPER = r"""
+import os, signal, sys, time
+pid, period, stopped = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+children = [int(c) for c in sys.argv[4:]]
+done = False
+def end(*_):
+    global done
+    done = True
+signal.signal(signal.SIGTERM, end)
+def state(p):
+    try:
+        return open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+t = time.time()
+while not done:
+    os.kill(pid, signal.SIGSTOP)
+    at = time.time()
+    time.sleep(max(0.0, t + period * stopped - time.time()))
+    was = state(pid) == "T"
+    child = any(state(c) == "T" for c in children)
+    cont = time.time()
+    os.kill(pid, signal.SIGCONT)
+    print("stop", at, cont, int(was), int(child), flush=True)
+    t += period
+    time.sleep(max(0.0, t - time.time()))
+os.kill(pid, signal.SIGCONT)
+"""
+
+
 class StopDutyCycle:
     """Stop ``pid`` (SIGSTOP) for ``stopped`` of every ``period_s`` and let it run (SIGCONT)
-    for the rest, from a thread, as CFS throttling does to a container at its CPU limit. Only
-    ``pid`` is signalled, never its children; on exit it is left running.
+    for the rest, from a process of its own, as CFS throttling does to a container at its
+    CPU limit. Only ``pid`` is signalled, never its children; on exit it is left running.
 
     ``stopped_periods`` counts the periods in which /proc showed it stopped, and
     ``children_stopped`` those in which one of its children was stopped too (should be 0).
+    ``intervals`` holds each stop as (Unix seconds after SIGSTOP was sent, before SIGCONT
+    was): what the server went through, however late the stopper woke.
     """
 
     def __init__(self, pid: int, *, period_s: float = 0.1, stopped: float = 0.9) -> None:
@@ -104,11 +143,15 @@ class StopDutyCycle:
         self.children = _children(pid)
         self.stopped_periods = 0
         self.children_stopped = 0
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="stop-duty-cycle", daemon=True)
+        self.intervals: list[tuple[float, float]] = []
+        self._proc: subprocess.Popen[str] | None = None
 
     def __enter__(self) -> StopDutyCycle:
-        self._thread.start()
+        args = [str(self.pid), str(self.period_s), str(self.stopped)]
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _STOPPER, *args, *map(str, self.children)],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
         return self
 
     def __exit__(
@@ -117,24 +160,16 @@ class StopDutyCycle:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._done.set()
-        self._thread.join()
+        assert self._proc is not None
+        self._proc.terminate()
+        out, _ = self._proc.communicate(timeout=30)
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGCONT)
-
-    def _run(self) -> None:
-        stop_s = self.period_s * self.stopped
-        while not self._done.is_set():
-            os.kill(self.pid, signal.SIGSTOP)
-            try:
-                self._done.wait(stop_s)
-                if _proc_state(self.pid) == "T":
-                    self.stopped_periods += 1
-                if any(_proc_state(c) == "T" for c in self.children):
-                    self.children_stopped += 1
-            finally:
-                os.kill(self.pid, signal.SIGCONT)
-            self._done.wait(self.period_s - stop_s)
+        for line in out.splitlines():
+            _, at, cont, was, child = line.split()
+            self.intervals.append((float(at), float(cont)))
+            self.stopped_periods += int(was)
+            self.children_stopped += int(child)
 
 
 @dataclass
@@ -290,9 +325,29 @@ def test_explain_names_the_frontend_and_its_runbook(run: Run) -> None:
     assert c["client_e2e_s"] >= c["e2e_s"] - 0.005, dump
 
 
-def test_the_frontend_dominates_most_starved_requests(run: Run) -> None:
+def _stopped_within(span: RequestFragment, intervals: list[tuple[float, float]]) -> float:
+    """Seconds the API server was stopped inside vLLM's span of the request."""
+    lo = span.arrival_ts or 0.0
+    hi = lo + (span.e2e_s or 0.0)
+    return sum(max(0.0, min(hi, b) - max(lo, a)) for a, b in intervals)
+
+
+def test_the_stops_inside_vllms_span_are_the_frontends_time(run: Run) -> None:
+    # The requests the stops hit inside vLLM's span by at least 50 ms (the stopper's record).
+    hit = {
+        rid: stopped
+        for rid, span in run.starved.items()
+        if (stopped := _stopped_within(span, run.starve.intervals)) >= 0.05
+    }
+    assert len(hit) >= len(run.starved) / 4, (len(hit), len(run.starved))
     with open_store(run.db, read_only=True) as store:
-        docs = [explain_request(store.reader(), rid) for rid in sorted(run.starved)]
-    dominant = [d["dominant"] for d in docs]
-    table = [(d["request_id"], d["dominant"], d["components"]) for d in docs]
-    assert dominant.count("frontend") > len(docs) / 2, json.dumps(table, indent=1)[:8000]
+        docs = {rid: explain_request(store.reader(), rid) for rid in sorted(hit)}
+    table = json.dumps([(r, hit[r], d["dominant"], d["components"]) for r, d in docs.items()],
+                       indent=1)[:8000]  # fmt: skip
+    # The engine kept its CPU: the stall is not blamed on it. The frontend carries it, or
+    # the client does where its own wait was longer still (its process shares the machine).
+    on_engine = [r for r, d in docs.items() if d["dominant"] not in ("frontend", "client")]
+    assert len(on_engine) < len(docs) / 4, table
+    c = [d["components"] for d in docs.values()]
+    outweighs = [x["frontend_s"] > x["queue_s"] + x["prefill_s"] + x["decode_s"] for x in c]
+    assert sum(outweighs) > len(c) / 2, table

@@ -62,8 +62,10 @@ RUNBOOK = "runbooks/frontend_bound.md"
 #: The rules a starved API server must not be mistaken for.
 RULED_OUT = {"queue_saturation", "prefill_saturation", "kv_pressure", "error_burst"}
 #: Healthy, then starved: at least 3 buckets of 10 s of baseline (diagnose's default), and
-#: 20+ requests on each side. Short answers keep decode (engine time) small.
-HEALTHY_S, STARVED_S, RATE = 30.0, 20.0, 2.0
+#: 80+ requests on each side: on a busy machine the baseline's TTFT is noisy too, and the
+#: shift must stand out of it by 3 standard errors. Short answers keep decode (engine time)
+#: small.
+HEALTHY_S, STARVED_S, RATE = 30.0, 20.0, 4.0
 WORKLOAD = "workload: v1\nclasses:\n  - {name: w, weight: 1, slo_class: interactive, input: 16, output: 4}\n"
 
 

@@ -23,7 +23,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,13 +92,14 @@ class DemoConfig:
     drain_s: float = 30.0
 
 
-def free_port_block(n: int, host: str = "127.0.0.1") -> int:
-    """A base port such that base..base+n-1 are all free now."""
+def free_port_block(n: int, host: str = "127.0.0.1", avoid: Collection[int] = ()) -> int:
+    """A base port such that base..base+n-1 are all free now and none is in ``avoid``
+    (ports already handed out but not bound yet: the OS may offer them again)."""
     for _ in range(200):
         with socket.socket() as s:
             s.bind((host, 0))
             base = s.getsockname()[1]
-        if base + n > 65535:
+        if base + n > 65535 or any(p in avoid for p in range(base, base + n)):
             continue
         ok = True
         for p in range(base, base + n):
@@ -232,14 +233,25 @@ def _run_cli(cfg: DemoConfig, echo: Echo, *args: str) -> int:
     return res.returncode
 
 
+def _take(taken: set[int]) -> int:
+    """A free port not handed out yet, now handed out."""
+    port = free_port_block(1, avoid=taken)
+    taken.add(port)
+    return port
+
+
 def _start_engines(
-    cfg: DemoConfig, stack: contextlib.ExitStack, otlp: str, echo: Echo
+    cfg: DemoConfig, stack: contextlib.ExitStack, otlp: str, echo: Echo, taken: set[int]
 ) -> tuple[list[str], list[str], list[str]]:
-    """Start the replicas on ``stack`` (closing it stops them, flushing their spans);
-    returns (base URLs, sidecar --vllm-url args, --dcgm-url args)."""
+    """Start the replicas on ``stack`` (closing it stops them, flushing their spans) on ports
+    not in ``taken`` (added to it); returns (base URLs, sidecar --vllm-url args, --dcgm-url
+    args)."""
     logs = cfg.out_dir
     if cfg.engine == "sim":
-        port, dcgm = free_port_block(2), free_port_block(2)
+        port = free_port_block(2, avoid=taken)
+        taken.update((port, port + 1))
+        dcgm = free_port_block(2, avoid=taken)
+        taken.update((dcgm, dcgm + 1))
         proc = stack.enter_context(
             _process(
                 _slokit(
@@ -288,6 +300,7 @@ def _start_engines(
                     otel_resource_attributes=(("k8s.pod.name", pod),),
                     otel_bsp_schedule_delay_ms=500,
                 ),
+                port=_take(taken),
                 log_path=logs / f"{pod}.log",
             )
             for pod in ("vllm-0", "vllm-1")
@@ -332,12 +345,13 @@ def run_demo(cfg: DemoConfig, echo: Echo = print) -> int:
                 "drain_s": 240.0,
             }
         )
-    otlp_port, api_port = free_port_block(1), free_port_block(1)
+    taken: set[int] = set()
+    otlp_port, api_port = _take(taken), _take(taken)
     otlp = f"http://127.0.0.1:{otlp_port}/v1/traces"
     api = f"http://127.0.0.1:{api_port}"
     echo(f"slokit demo ({cfg.engine}): output in {cfg.out_dir}/")
     with contextlib.ExitStack() as stack, contextlib.ExitStack() as engines:
-        urls, vllm_args, dcgm_args = _start_engines(cfg, engines, otlp, echo)
+        urls, vllm_args, dcgm_args = _start_engines(cfg, engines, otlp, echo, taken)
         sidecar_cmd = _slokit(
             cfg,
             "sidecar",

@@ -233,11 +233,11 @@ def _run_cli(cfg: DemoConfig, echo: Echo, *args: str) -> int:
     return res.returncode
 
 
-def _take(taken: set[int]) -> int:
-    """A free port not handed out yet, now handed out."""
-    port = free_port_block(1, avoid=taken)
-    taken.add(port)
-    return port
+def _take(taken: set[int], n: int = 1) -> int:
+    """The base of ``n`` free ports not handed out yet, now handed out."""
+    base = free_port_block(n, avoid=taken)
+    taken.update(range(base, base + n))
+    return base
 
 
 def _start_engines(
@@ -248,10 +248,7 @@ def _start_engines(
     args)."""
     logs = cfg.out_dir
     if cfg.engine == "sim":
-        port = free_port_block(2, avoid=taken)
-        taken.update((port, port + 1))
-        dcgm = free_port_block(2, avoid=taken)
-        taken.update((dcgm, dcgm + 1))
+        port, dcgm = _take(taken, 2), _take(taken, 2)
         proc = stack.enter_context(
             _process(
                 _slokit(

@@ -78,12 +78,7 @@ class PrometheusClient:
             "/api/v1/query_range",
             {"query": query, "start": _num(start), "end": _num(end), "step": _num(step_s)},
         )
-        if data.get("resultType") != "matrix":
-            raise BadInput(f"query_range returned {data.get('resultType')!r}, expected a matrix")
-        return [
-            Series(dict(r["metric"]), [(float(t), float(v)) for t, v in r.get("values", [])])
-            for r in data["result"]
-        ]
+        return _matrix(data, "query_range")
 
     def query(self, query: str, at: float) -> list[tuple[dict[str, str], float]]:
         """An instant query at ``at``: ``(labels, value)`` per series of the vector."""
@@ -99,12 +94,17 @@ class PrometheusClient:
             "/api/v1/query", {"query": f"{selector}[{max(1, round(window_s * 1000))}ms]",
                               "time": _num(at)}
         )  # fmt: skip
-        if data.get("resultType") != "matrix":
-            raise BadInput(f"query returned {data.get('resultType')!r}, expected a matrix")
-        return [
-            Series(dict(r["metric"]), [(float(t), float(v)) for t, v in r.get("values", [])])
-            for r in data["result"]
-        ]
+        return _matrix(data, "query")
+
+
+def _matrix(data: Any, call: str) -> list[Series]:
+    """The series of an answer that must be a matrix."""
+    if data.get("resultType") != "matrix":
+        raise BadInput(f"{call} returned {data.get('resultType')!r}, expected a matrix")
+    return [
+        Series(dict(r["metric"]), [(float(t), float(v)) for t, v in r.get("values", [])])
+        for r in data["result"]
+    ]
 
 
 def _num(x: float) -> str:

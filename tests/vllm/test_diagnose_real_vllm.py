@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -33,7 +32,7 @@ from slokit.lab.load import LoadConfig, run_load
 from slokit.lab.otlp_capture import OtlpHttpCapture
 from slokit.lab.vllm_server import VllmServer, VllmServerConfig, start_together
 from slokit.lab.workload import parse_workload_yaml
-from slokit.records import EngineSample, RequestFragment
+from slokit.records import EngineSample
 from slokit.sources.files import parse_load_jsonl
 from slokit.sources.otlp import decode_traces
 from slokit.sources.vllm_metrics import parse_vllm_metrics
@@ -130,6 +129,23 @@ async def _scrape(
             await asyncio.sleep(max(0.0, 1.0 - (time.time() - ts)))
 
 
+def frontend_wait_per_request(
+    servers: dict[str, VllmServer], waited_before: dict[str, float], configs: list[Any]
+) -> dict[str, float]:
+    """Per pod: seconds its API server waited for a CPU since ``waited_before``, per request
+    the load runs ``configs`` sent it (each run's records, round-robin over its URLs)."""
+    sent = dict.fromkeys(servers, 0.0)
+    for c in configs:
+        n = len(c.out.read_text().splitlines())
+        urls = [c.url, *c.more_urls]
+        for pod, server in servers.items():
+            sent[pod] += n * urls.count(server.base_url) / len(urls)
+    return {
+        pod: (runqueue_wait_s(server.pid or 0) - waited_before[pod]) / max(1.0, sent[pod])
+        for pod, server in servers.items()
+    }
+
+
 def runqueue_wait_s(pid: int) -> float:
     """Seconds the main thread of ``pid`` (vLLM's API server: its event loop, which also
     turns the engine's outputs into tokens and spans) has spent runnable but waiting for a
@@ -145,8 +161,8 @@ class Driven:
     samples: list[EngineSample]
     files: list[Path]
     phase_starts: list[float]
-    # per phase, per pod: seconds its API server's loop waited for a CPU (other work on the
-    # machine, or more traffic than its share of the cores)
+    # per phase, per pod: seconds per request its API server's loop waited for a CPU (other
+    # work on the machine, or more traffic than its share of the cores)
     frontend_waits: list[dict[str, float]] = field(default_factory=list)
 
 
@@ -163,9 +179,7 @@ async def _drive(
         configs = _loads(p, servers, i, run, tmp)
         await asyncio.gather(*(run_load(c) for c in configs))
         driven.files.extend(c.out for c in configs if c.out is not None)
-        driven.frontend_waits.append(
-            {pod: runqueue_wait_s(s.pid or 0) - waited[pod] for pod, s in servers.items()}
-        )
+        driven.frontend_waits.append(frontend_wait_per_request(servers, waited, configs))
     await asyncio.sleep(3.0)
     stop.set()
     await scraper
@@ -190,7 +204,6 @@ def _diagnose_run(
     servers = server if isinstance(server, dict) else {POD: server}
     run = "d" + uuid.uuid4().hex[:6]
     before = len(capture.snapshot())
-    served: list[RequestFragment] = []
     driven = asyncio.run(_drive(servers, phases, run, tmp))
     time.sleep(1.0)  # the span exporter's last batch (200 ms schedule delay)
     with open_store(":memory:") as store:
@@ -203,19 +216,9 @@ def _diagnose_run(
                 if fr.request_id.startswith(run)
             ]
             store.append_fragments(frags)
-            if frontend_waits is not None:
-                served += frags
         store.append_engine_samples(driven.samples)
         if frontend_waits is not None:
-            ends = [*driven.phase_starts[1:], math.inf]
-            for i, waits in enumerate(driven.frontend_waits):
-                lo, hi = driven.phase_starts[i], ends[i]
-                frontend_waits.append({})
-                for pod, wait_s in waits.items():
-                    n = sum(
-                        1 for f in served if f.replica == pod and lo <= (f.arrival_ts or 0) < hi
-                    )
-                    frontend_waits[-1][pod] = wait_s / max(1, n)
+            frontend_waits.extend(driven.frontend_waits)
         if since_phase is None:
             return diagnose(store.reader())
         options = DiagnoseOptions(baseline_lookback_s=baseline_s or 3600.0)

@@ -29,6 +29,7 @@ from test_diagnose_real_vllm import (
     _SCALED,
     _WARM,
     _loads,
+    frontend_wait_per_request,
     runqueue_wait_s,
     starved_frontends,
 )
@@ -138,15 +139,7 @@ def test_scale_out_with_round_robin_routing_is_prefix_affinity_loss_from_prometh
             before = {pod: runqueue_wait_s(s.pid or 0) for pod, s in servers.items()}
             configs = _loads(phase, servers, i, run, tmp_path)
             await asyncio.gather(*(run_load(c) for c in configs))
-            sent = dict.fromkeys(servers, 0.0)
-            for c in configs:  # each run's records, round-robin over its URLs
-                assert c.out is not None
-                n = len(c.out.read_text().splitlines())
-                urls = [c.url, *c.more_urls]
-                for pod, s in servers.items():
-                    sent[pod] += n * urls.count(s.base_url) / len(urls)
-            waits.append({pod: (runqueue_wait_s(s.pid or 0) - before[pod]) / max(1.0, sent[pod])
-                          for pod, s in servers.items()})  # fmt: skip
+            waits.append(frontend_wait_per_request(servers, before, configs))
         await asyncio.sleep(5.0)  # the last scrapes of both pods
         return starts
 

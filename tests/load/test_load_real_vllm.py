@@ -10,6 +10,7 @@ overhead. Skipped without ``.venv-vllm`` (``scripts/vllm-env.sh``).
 from __future__ import annotations
 
 import asyncio
+import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -119,8 +120,22 @@ def test_the_server_span_is_a_child_of_the_client_span(run: Run) -> None:
         assert client.trace_id == server.trace_id
 
 
-def test_client_ttft_agrees_with_the_server_span_within_the_network_overhead(run: Run) -> None:
+def _client_overheads_s(run: Run) -> list[float]:
+    """Client TTFT minus the server span's, per record."""
+    out = []
     for rec in run.result.records:
         attrs = attributes_dict(run.server_spans[rec["request_id"]].attributes)
-        server_ttft = float(attrs["gen_ai.latency.time_to_first_token"])
-        assert server_ttft <= rec["ttft_s"] < server_ttft + MAX_CLIENT_OVERHEAD_S
+        out.append(rec["ttft_s"] - float(attrs["gen_ai.latency.time_to_first_token"]))
+    return out
+
+
+def test_no_client_sees_its_first_token_before_the_server_produced_it(run: Run) -> None:
+    assert min(_client_overheads_s(run)) >= 0.0
+
+
+def test_client_ttft_agrees_with_the_server_span_within_the_network_overhead(run: Run) -> None:
+    # The median, not every request: on a machine shared with other work, vLLM's API server
+    # (which detokenizes and writes the SSE stream) can wait for a CPU for a while, and a
+    # request caught in such a stall lags by that wait; a client that timed TTFT at another
+    # point of the stream (the headers, the last chunk) would be off for every request.
+    assert statistics.median(_client_overheads_s(run)) < MAX_CLIENT_OVERHEAD_S

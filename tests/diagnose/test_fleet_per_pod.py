@@ -211,10 +211,17 @@ async def _drive(fleet: Fleet, control: list[Pod], burst: Pod) -> None:
     )
 
 
-def _sidecar_metrics_settled(prom: str, expected: int) -> bool:
+def _sidecar_metrics_settled(prom: str, expected: int, seen: list[float]) -> bool:
+    """Whether the sidecars' ``slokit_requests_total`` in Prometheus reached ``expected``; each
+    new value read is appended to ``seen``."""
     got = httpx.get(f"{prom}/api/v1/query", params={"query": "sum(slokit_requests_total)"})
     result = got.json()["data"]["result"]
-    return bool(result) and round(float(result[0]["value"][1])) >= expected
+    if not result:
+        return False
+    value = float(result[0]["value"][1])
+    if not seen or seen[-1] != value:
+        seen.append(value)
+    return round(value) >= expected
 
 
 @pytest.fixture(scope="module")
@@ -279,9 +286,15 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         time.sleep(3.0)  # a few idle scrapes before any traffic
         fleet.started_at = time.time()
         lt.call(_drive(fleet, control, burst), timeout=WARM_S + SCALED_S + 120)
-        # Every request judged by its sidecar (grace 1 s) and scraped by Prometheus.
-        _wait(lambda: _sidecar_metrics_settled(fleet.rr.url, fleet.loads["rr"]), 30,
-              "the sidecars' SLI counters in Prometheus")  # fmt: skip
+        # Every request judged by its sidecar (grace 1 s) and scraped by Prometheus: seconds on
+        # a quiet machine, a minute or more while other work holds both cores.
+        seen: list[float] = []
+        try:
+            _wait(lambda: _sidecar_metrics_settled(fleet.rr.url, fleet.loads["rr"], seen), 180,
+                  "the sidecars' SLI counters in Prometheus")  # fmt: skip
+        except TimeoutError:
+            raise TimeoutError(f"the sidecars' SLI counters in Prometheus: {fleet.loads['rr']} "
+                               f"requests sent, counted {seen}") from None  # fmt: skip
         time.sleep(2.0)
         fleet.ended_at = time.time()
         yield fleet

@@ -12,6 +12,7 @@ import asyncio
 import copy
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -68,9 +69,13 @@ def _server_app(state: FakeVllm) -> web.Application:
 
     async def completions(request: web.Request) -> web.StreamResponse:
         body = await request.json()
+        # token_ts: the wall-clock time just before each token's chunk was written (what the
+        # server did; on a busy machine its sleeps run long)
+        token_ts: list[float] = []
         state.received.append(
-            {"headers": {k.lower(): v for k, v in request.headers.items()}, "body": body}
-        )
+            {"headers": {k.lower(): v for k, v in request.headers.items()}, "body": body,
+             "token_ts": token_ts}
+        )  # fmt: skip
         b = state.behaviour
         if b.status == 400:
             return web.Response(status=400, body=too_long, content_type="application/json")
@@ -114,6 +119,7 @@ def _server_app(state: FakeVllm) -> web.Application:
             else:
                 choice["text"] = f" {i}"
             choice["finish_reason"] = "length" if i == n - 1 else None
+            token_ts.append(time.time())
             await send(chunk)
         usage = copy.deepcopy(templates[-1])
         prompt_tokens = len(str(body.get("prompt") or body.get("messages")).split())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -34,8 +35,14 @@ def start_sidecar(tmp_path: Path) -> Iterator[StartSidecar]:
     yield start
     for sc in started:
         # stopping waits for periodic work in flight (a first findings tick imports pandas):
-        # on a busy machine that has taken over 30 s; the teardown is not what is tested
-        lt.call(sc.stop(), timeout=180)
+        # on a busy machine that has taken over 30 s; the teardown is not what is tested. A
+        # stop still running after 60 s prints every thread's stack (in the test's report if
+        # it then times out), so a stop that hangs can be told from a slow one.
+        faulthandler.dump_traceback_later(60)
+        try:
+            lt.call(sc.stop(), timeout=180)
+        finally:
+            faulthandler.cancel_dump_traceback_later()
     lt.close()
 
 

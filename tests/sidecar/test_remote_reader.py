@@ -218,7 +218,9 @@ def test_the_reader_answers_what_the_store_does(
         with SidecarReader(sc.api) as there:
             newest = there.bounds()[1]
             assert newest is not None
-            window = (newest - 3600.0, newest + 1.0)
+            # ends at the newest sample already stored: the sidecar goes on scraping every
+            # 0.2 s, and a later sample must not land between the two reads
+            window = (newest - 3600.0, newest)
             assert there.engine_series(*window) == here.engine_series(*window)
             assert there.engine_series(*window)["test-pod"]
             assert there.cache_config() == here.cache_config()

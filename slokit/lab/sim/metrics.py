@@ -27,6 +27,7 @@ from prometheus_client import (
 from prometheus_client.exposition import choose_encoder
 
 from slokit.lab.sim.engine import EngineConfig, SimRequest, StepStats
+from slokit.lab.sim.exposition import TextExposition
 
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]  # fmt: skip
@@ -110,6 +111,7 @@ class VllmMetrics:
         process_metrics: bool = True,
     ):
         self.registry = reg = CollectorRegistry()
+        self._text = TextExposition(reg)  # generate_latest's text, formatted faster
         if process_metrics:
             GCCollector(registry=reg)
             PlatformCollector(registry=reg)
@@ -424,7 +426,8 @@ class VllmMetrics:
         self.h_prefill_kv.observe(req.num_prompt_tokens - max(0, req.num_cached_tokens))
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        """``generate_latest(self.registry)``, byte for byte."""
+        return self._text.render()
 
     def render_for(self, accept: str | None) -> tuple[bytes, str]:
         """The exposition and its content type for a scrape's ``Accept`` header. vLLM's Python
@@ -435,6 +438,8 @@ class VllmMetrics:
         types = [part.split(";")[0].strip() for part in (accept or "").split(",")]
         only_om = bool(types) and all(t == "application/openmetrics-text" for t in types)
         encoder, content_type = choose_encoder((accept or "") if only_om else "")
+        if encoder is generate_latest:
+            return self.render(), content_type
         return encoder(self.registry), content_type
 
 

@@ -71,10 +71,13 @@ def test_a_full_batch_is_stored_before_the_next_file_is_read(
 def test_batches_store_what_one_file_at_a_time_stores(
     export_files: list[Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with open_store(":memory:") as batched:
+    def clock() -> float:  # both ingest at one time: first_ingested_at is compared too
+        return 1_800_000_000.0
+
+    with open_store(":memory:", clock=clock) as batched:
         ingest.ingest_otlp(batched, export_files)
         monkeypatch.setattr(ingest, "OTLP_BATCH_ROWS", 1)
-        with open_store(":memory:") as one_by_one:
+        with open_store(":memory:", clock=clock) as one_by_one:
             ingest.ingest_otlp(one_by_one, export_files)
             assert _requests(batched) == _requests(one_by_one)
             assert len(_requests(batched)) == 64

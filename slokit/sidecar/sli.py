@@ -7,9 +7,9 @@ fragment, which comes after vLLM's span, is part of the verdict). Each
 (:func:`slokit.analysis.slo.classify`) and increments the counters. The first arrival of a
 request never changes, so no request is counted twice and nothing per request is kept in
 memory; a fragment that arrives later than ``grace_s`` after the first does not change a
-verdict already counted (feedback should come within the grace period). Only fragments of
-the last ``horizon_s`` (6 h) are read, so a tick costs the same on a year-old file; a
-fragment arriving more than that after its request's first would count it again.
+verdict already counted (feedback should come within the grace period), however late it
+comes. A tick's cost follows the requests that arrived since the last one, not the file's
+age (see :func:`~slokit.store.queries.first_seen_between`).
 
 A request a load test cut at its end (status ``incomplete``) is neither good nor bad: it is
 left out of ``slokit_requests_total`` (whose ``outcome`` values the generated alert rules
@@ -64,7 +64,6 @@ class SliAccountant:
         window_s: float = 3600.0,
         clock: Callable[[], float] = time.time,
         max_tasks: int = 100_000,
-        horizon_s: float = 6 * 3600.0,
         labels: Mapping[str, LabelLimit] | None = None,
         max_series: int = 10_000,
     ) -> None:
@@ -77,7 +76,6 @@ class SliAccountant:
         self.window_s = window_s
         self.clock = clock
         self.max_tasks = max_tasks
-        self.horizon_s = horizon_s
         self._watermark = clock() - grace_s  # requests first seen before start: not counted
         self._lock = threading.Lock()
         self._minutes: OrderedDict[int, _Minute] = OrderedDict()
@@ -135,9 +133,7 @@ class SliAccountant:
         cut = self.clock() - self.grace_s
         if cut <= self._watermark:
             return 0
-        records = first_seen_between(
-            con, self._watermark, cut, horizon=self._watermark - self.horizon_s
-        )
+        records = first_seen_between(con, self._watermark, cut)
         self._watermark = cut
         now = self.clock()
         for rec in records:

@@ -75,7 +75,7 @@ for _name in FRAGMENT_FIELDS:
 _KEYS = ("fragment_id", "request_id", "source")
 #: ``request_fragments``'s columns in the table's order.
 FRAGMENT_TABLE_COLUMNS = [*_KEYS, "ingested_at", *MERGED_FIELDS, *FRAGMENT_ONLY_FIELDS]
-_SELECT_FRAGMENTS = f"SELECT {', '.join(FRAGMENT_FIELDS)} FROM request_fragments"
+_SELECT_FRAGMENTS = f"SELECT {', '.join(FRAGMENT_FIELDS)}, ingested_at FROM request_fragments"
 _SELECT_FRAGMENT_ID = "SELECT fragment_id FROM request_fragments"
 #: After a batch met stored fragments, this many batches take the checked path (a stream of
 #: late fragments, a re-ingest) before the append path is tried again.
@@ -220,7 +220,7 @@ def _append_all_new(store: Store, batch: pa.Table) -> int:
     now = store.clock()
     with store.transaction() as con:
         new = _insert_fragments(con, batch, now)
-        _insert_requests(con, merged)
+        _insert_requests(con, merged, _stamps(now, merged.num_rows))
     _count_new(store, new)
     return new
 
@@ -253,10 +253,20 @@ def _append_checked(
         if batch.num_rows == 0:
             return 0, found  # all stored already: nothing changes
         new = _insert_fragments(con, batch, now)
+        first_seen = None
         if stored is not None and stored.num_rows:
             _delete_requests(con, pc.unique(stored["request_id"]), rows)
+            first_seen = pa.TableGroupBy(
+                stored.select(["request_id", "ingested_at"]), "request_id", use_threads=False
+            ).aggregate([("ingested_at", "min")])
+            stored = stored.drop_columns(["ingested_at"])
             batch = pa.concat_tables([stored.cast(batch.schema), batch])
-        _insert_requests(con, merge_batch(batch))
+        merged = merge_batch(batch)
+        stamps = _stamps(now, merged.num_rows)
+        if first_seen is not None:  # a request stored before keeps its first fragment's time
+            at = pc.index_in(merged["request_id"], value_set=first_seen["request_id"])
+            stamps = pc.coalesce(first_seen["ingested_at_min"].take(at).cast(TS), stamps)
+        _insert_requests(con, merged, stamps)
     _count_new(store, new)
     return new, found
 
@@ -269,7 +279,7 @@ def _insert_fragments(
 ) -> int:
     """Append ``batch`` to ``table`` (``request_fragments`` or the trace join's pending
     table, which has the same columns)."""
-    ingested = pa.array([int(now * 1_000_000)] * batch.num_rows, pa.int64()).cast(TS)
+    ingested = _stamps(now, batch.num_rows)
     rest = [*MERGED_FIELDS, *FRAGMENT_ONLY_FIELDS]
     slokit_rows = pa.table(  # noqa: F841 - DuckDB reads it by name
         [*batch.select(_KEYS).columns, ingested, *batch.select(rest).columns],
@@ -278,9 +288,22 @@ def _insert_fragments(
     return int(con.execute(f"INSERT INTO {table} SELECT * FROM slokit_rows").fetchall()[0][0])
 
 
-def _insert_requests(con: duckdb.DuckDBPyConnection, slokit_merged: pa.Table) -> None:
-    # Columns in the table's order; updated_at is the transaction's time, as in the merge SQL.
-    con.execute("INSERT INTO requests SELECT *, now() FROM slokit_merged").fetchall()
+def _stamps(now: float, n: int) -> pa.Array:
+    """``now`` as ``n`` timestamps, truncated as :func:`_insert_fragments` stamps
+    ``ingested_at``."""
+    return pa.array([int(now * 1_000_000)] * n, pa.int64()).cast(TS)
+
+
+def _insert_requests(
+    con: duckdb.DuckDBPyConnection, merged: pa.Table, first_ingested_at: pa.Array
+) -> None:
+    """Append ``merged`` (:func:`~slokit.store.merge.merge_batch`'s rows) with
+    ``first_ingested_at`` per row; ``updated_at`` is the transaction's time, as in the merge
+    SQL."""
+    slokit_merged = merged.append_column("_first", first_ingested_at)  # noqa: F841 - by name
+    con.execute(
+        "INSERT INTO requests SELECT * EXCLUDE (_first), now(), _first FROM slokit_merged"
+    ).fetchall()
 
 
 def _rows_estimate(store: Store, con: duckdb.DuckDBPyConnection) -> int:

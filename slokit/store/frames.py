@@ -67,7 +67,9 @@ REQUESTS = (
     + ", ".join(
         f"{_sane(c, 0, MAX_TOKENS)} AS {c}" for c in ("prompt_tokens", "output_tokens")
     )
-    + ") FROM requests)"
+    # the local store's bookkeeping (first_ingested_at) left out, so that every reader's
+    # requests have the same columns
+    + ") FROM (SELECT COLUMNS(lambda c: c <> 'first_ingested_at') FROM requests))"
 )  # fmt: skip
 #: ``gpu_samples`` likewise.
 GPU_SAMPLES = (

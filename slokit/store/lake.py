@@ -78,14 +78,19 @@ class LakeFile:
 
 def store_columns() -> dict[str, list[tuple[str, str]]]:
     """The store's columns and types of every lake table, from an empty in-memory store
-    (the migrations are the one definition of the schema)."""
+    (the migrations are the one definition of the schema), but the local store's bookkeeping
+    (:attr:`LakeTable.local_only`)."""
     from slokit.store.db import open_store  # deferred: the writable store loads pyarrow
 
     with open_store(":memory:") as store:
         return {
-            t.name: [(str(r[0]), str(r[1])) for r in store.con.execute(f"DESCRIBE {t.name}").fetchall()]
+            t.name: [
+                (str(r[0]), str(r[1]))
+                for r in store.con.execute(f"DESCRIBE {t.name}").fetchall()
+                if r[0] not in t.local_only
+            ]
             for t in TABLES
-        }  # fmt: skip
+        }
 
 
 def _sql_str(s: str) -> str:

@@ -67,11 +67,18 @@ class LakeTable:
     name: str
     time_column: str
     stamp_column: str | None = None
+    #: Columns the lake leaves out: the local store's bookkeeping.
+    local_only: tuple[str, ...] = ()
+
+    def columns(self) -> str:
+        """The select list of a partition: every column but ``replica`` (the partition's key)
+        and the local ones."""
+        return f"* EXCLUDE ({', '.join(('replica', *self.local_only))})"
 
 
 #: The tables in the lake, in export order.
 TABLES: tuple[LakeTable, ...] = (
-    LakeTable("requests", "arrival_ts", "updated_at"),
+    LakeTable("requests", "arrival_ts", "updated_at", ("first_ingested_at",)),
     LakeTable("engine_samples", "ts"),
     LakeTable("gpu_samples", "ts"),
     LakeTable("scrapes", "ts"),
@@ -304,7 +311,7 @@ class ParquetExporter:
             Path(dest).parent.mkdir(parents=True, exist_ok=True)
             target = str(Path(dest).with_name("." + Path(dest).name + ".tmp"))
         con.execute(
-            f"COPY (SELECT * EXCLUDE (replica) FROM {table.name} "
+            f"COPY (SELECT {table.columns()} FROM {table.name} "
             f"WHERE {self._window(table)} AND replica IS NOT DISTINCT FROM ? "
             f"ORDER BY {table.time_column}) "
             f"TO {_sql_str(target)} (FORMAT parquet, COMPRESSION zstd)",
@@ -321,6 +328,6 @@ class ParquetExporter:
             Path(dest).unlink(missing_ok=True)
         else:  # no delete through COPY: an empty file in its place
             con.execute(
-                f"COPY (SELECT * EXCLUDE (replica) FROM {table.name} WHERE false) "
+                f"COPY (SELECT {table.columns()} FROM {table.name} WHERE false) "
                 f"TO {_sql_str(dest)} (FORMAT parquet)"
             )

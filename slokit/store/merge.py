@@ -65,8 +65,9 @@ def sql_string_list(values: list[str]) -> str:
 
 def derive_sql(relation: str) -> str:
     """SQL selecting ``requests`` rows (in the table's column order) from ``relation``, which
-    holds one row per request of picked facts: ``request_id``, the :data:`MERGED_FIELDS` and
-    ``sources`` (the sorted distinct sources). Timestamps, TPOT and an ok status that the
+    holds one row per request of picked facts: ``request_id``, the :data:`MERGED_FIELDS`,
+    ``sources`` (the sorted distinct sources) and ``first_ingested_at`` (the earliest
+    fragment's ``ingested_at``). Timestamps, TPOT and an ok status that the
     facts imply are filled in here (:func:`derive_arrow` is the same in memory)."""
     return f"""
 SELECT
@@ -83,7 +84,8 @@ SELECT
     coalesce(status, CASE WHEN list_contains(sources, 'vllm') THEN 'ok' END) AS status,
     http_status, error_type, quality_pass,
     sources,
-    now() AS updated_at
+    now() AS updated_at,
+    first_ingested_at
 FROM {relation}
 """
 
@@ -95,7 +97,7 @@ def merge_sql(ids_filter: str) -> str:
     cols = ", ".join(MERGED_FIELDS)
     return f"""
 WITH frag AS (
-    SELECT request_id, source, fragment_id, {cols},
+    SELECT request_id, source, fragment_id, ingested_at, {cols},
            {_rank(_DEFAULT_ORDER)} AS rank_default,
            {_rank(_OUTCOME_ORDER)} AS rank_outcome
     FROM request_fragments
@@ -103,7 +105,8 @@ WITH frag AS (
 ), picked AS (
     SELECT request_id,
     {picks},
-    list_sort(list_distinct(list(source))) AS sources
+    list_sort(list_distinct(list(source))) AS sources,
+    min(ingested_at) AS first_ingested_at
     FROM frag
     GROUP BY request_id
 )
@@ -160,7 +163,7 @@ def _first_per_request(keyed: pa.Table, rank: pa.Array, fields: tuple[str, ...])
 def merge_batch(batch: pa.Table) -> pa.Table:
     """The ``requests`` rows of the requests in ``batch`` merged from its fragments alone
     (:func:`merge_sql`'s result for requests with no other fragments), in the table's column
-    order, without ``updated_at``."""
+    order, without the bookkeeping the write path adds (``updated_at``, ``first_ingested_at``)."""
     return derive_arrow(pick_fragments(batch))
 
 
@@ -171,7 +174,7 @@ def _micros(seconds: pa.ChunkedArray) -> pa.ChunkedArray:
 
 
 def derive_arrow(picked: pa.Table) -> pa.Table:
-    """:func:`derive_sql` computed in Arrow (every column but ``updated_at``)."""
+    """:func:`derive_sql` computed in Arrow (every column but the bookkeeping ones)."""
     col = picked.column
     arrival = col("arrival_ts")
     derived = {

@@ -259,6 +259,21 @@ CREATE TABLE router_samples (
 );
 """,
     ),
+    Migration(
+        7,
+        "requests: when each was first seen",
+        # first_ingested_at: the earliest ingested_at of the request's fragments, kept by the
+        # merge (order-independent: a minimum). The sidecar's SLI tick counts the requests first
+        # seen since its last tick from it, through the zone maps of the newest row groups,
+        # instead of joining every recent fragment (a cost that grew with the file's age).
+        """
+ALTER TABLE requests ADD COLUMN first_ingested_at TIMESTAMPTZ;
+UPDATE requests SET first_ingested_at = f.first_ingested_at
+FROM (SELECT request_id, min(ingested_at) AS first_ingested_at
+      FROM request_fragments GROUP BY request_id) AS f
+WHERE requests.request_id = f.request_id;
+""",
+    ),
 )
 
 #: The newest schema this code knows; a file with a newer one is refused, not guessed at.

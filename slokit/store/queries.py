@@ -35,6 +35,7 @@ def get_request(con: duckdb.DuckDBPyConnection, request_id: str) -> dict[str, An
         )
         rec = _row_dict(cur)
         if rec is not None:
+            rec.pop("first_ingested_at", None)  # the SLI's bookkeeping (a lake has none)
             _add_routing(con, rec)
             return rec
     return None
@@ -410,26 +411,18 @@ def slowest_request(con: duckdb.DuckDBPyConnection, *, source: str = "vllm") -> 
     return str(rows[0][0]) if rows else None
 
 
-_FIRST_SEEN_SQL = f"""
-WITH recent AS (
-    SELECT DISTINCT request_id FROM request_fragments
-    WHERE ingested_at > to_timestamp($lo) AND ingested_at <= to_timestamp($hi)
-), first_seen AS (
-    SELECT request_id FROM request_fragments
-    WHERE ingested_at > to_timestamp($horizon) AND request_id IN (SELECT request_id FROM recent)
-    GROUP BY request_id HAVING min(ingested_at) > to_timestamp($lo)
-)
-SELECT {", ".join(_RECORD_COLUMNS)} FROM requests
-WHERE request_id IN (SELECT request_id FROM first_seen)
-"""
-
-
 def first_seen_between(
-    con: duckdb.DuckDBPyConnection, lo: float, hi: float, *, horizon: float
+    con: duckdb.DuckDBPyConnection, lo: float, hi: float
 ) -> list[dict[str, Any]]:
     """Merged records of the requests whose first fragment was ingested in ``(lo, hi]``
-    (fragments older than ``horizon`` are not read: a tick costs the same on a year-old
-    file). Times are not read: the SLI judges durations and outcomes only."""
-    cur = con.execute(_FIRST_SEEN_SQL, {"lo": lo, "hi": hi, "horizon": horizon})
+    (``first_ingested_at``, which the merge keeps). Rows are appended as their requests are
+    first seen, or merged again soon after, so the column's zone maps leave only the newest
+    row groups to read: a tick's cost follows the window's requests, not the file's age.
+    Times are not read: the SLI judges durations and outcomes only."""
+    cur = con.execute(
+        f"SELECT {', '.join(_RECORD_COLUMNS)} FROM requests "
+        "WHERE first_ingested_at > to_timestamp(?) AND first_ingested_at <= to_timestamp(?)",
+        [lo, hi],
+    )
     names = [d[0] for d in cur.description or []]
     return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]

@@ -72,6 +72,21 @@ def test_late_fragments_and_retries_never_count_a_request_twice(setup: Setup) ->
     assert _count(reg, "quality_fail") == 0
 
 
+def test_a_fragment_hours_after_its_requests_first_does_not_count_it_again(
+    setup: Setup,
+) -> None:
+    store, acc, clock, reg = setup
+    clock.t += 1
+    store.append_fragments([_vllm("a")])
+    clock.t += 40
+    assert acc.tick(store.cursor()) == 1
+    clock.t += 7 * 3600  # a day-long batch job's feedback, a re-ingest of an old export
+    store.append_fragments([RequestFragment("a", "quality", "quality:a", quality_pass=True)])
+    clock.t += 40
+    assert acc.tick(store.cursor()) == 0
+    assert _count(reg, "good") == 1
+
+
 def test_outcomes_follow_the_slo_spec(setup: Setup) -> None:
     store, acc, clock, reg = setup
     clock.t += 1

@@ -134,7 +134,14 @@ def test_one_batch_of_new_requests_gives_what_fragment_by_fragment_gives(
     case: tuple[list[RequestFragment], list[list[RequestFragment]]],
 ) -> None:
     frags, batches = case
-    with open_store(":memory:") as at_once, open_store(":memory:") as one_by_one:
+
+    def clock() -> float:  # both stores ingest at the same time: first_ingested_at compared too
+        return T0
+
+    with (
+        open_store(":memory:", clock=clock) as at_once,
+        open_store(":memory:", clock=clock) as one_by_one,
+    ):
         at_once.append_fragments([f for b in batches for f in b])
         for f in reversed(frags):
             one_by_one.append_fragments([f])
@@ -311,7 +318,7 @@ def test_fragment_columns_follow_the_tables() -> None:
         assert cols == append.FRAGMENT_TABLE_COLUMNS
         rows = append.merge_batch(append.fragments_table([vllm("r1")]))
         cols = [r[0] for r in store.con.execute("DESCRIBE requests").fetchall()]
-        assert cols == [*rows.column_names, "updated_at"]
+        assert cols == [*rows.column_names, "updated_at", "first_ingested_at"]
 
 
 # -- engine samples: histograms in the row -------------------------------------------------

@@ -65,6 +65,44 @@ def test_reopening_applies_no_migration_twice(tmp_path: Path) -> None:
         assert store.migrate() == []
 
 
+def test_upgrading_a_file_stamps_each_request_with_its_first_fragments_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "s.duckdb"
+    with monkeypatch.context() as m:  # a file as the schema before first_ingested_at left it
+        m.setattr("slokit.store.db.MIGRATIONS", MIGRATIONS[:6])
+        with open_store(path) as old:
+            old.con.execute(
+                "INSERT INTO request_fragments (fragment_id, request_id, source, ingested_at) "
+                "VALUES ('vllm:a', 'a', 'vllm', to_timestamp(?)), "
+                "('client:a', 'a', 'client', to_timestamp(?))",
+                [T0 + 5, T0],
+            )
+            old.con.execute(
+                "INSERT INTO requests (request_id, sources, updated_at) VALUES "
+                "('a', ['client', 'vllm'], now()), ('lake-only', ['vllm'], now())"
+            )
+    with open_store(path) as store:
+        rows = store.con.execute(
+            "SELECT request_id, epoch(first_ingested_at) FROM requests ORDER BY 1"
+        ).fetchall()
+    assert rows == [("a", T0), ("lake-only", None)]
+
+
+def test_a_request_keeps_the_time_its_first_fragment_was_ingested() -> None:
+    now = [T0]
+    with open_store(":memory:", clock=lambda: now[0]) as store:
+        store.append_fragments([vllm_frag("r1")])
+        now[0] += 60.0
+        store.append_fragments([client_frag("r1"), vllm_frag("r2")])
+        now[0] += 60.0
+        store.append_fragments([vllm_frag("r1")])  # a resend changes nothing
+        rows = store.con.execute(
+            "SELECT request_id, epoch(first_ingested_at) FROM requests ORDER BY 1"
+        ).fetchall()
+    assert rows == [("r1", T0), ("r2", T0 + 60.0)]
+
+
 def test_fragments_from_vllm_and_client_merge_into_one_request() -> None:
     with open_store(":memory:") as store:
         store.append_fragments([vllm_frag()])

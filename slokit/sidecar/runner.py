@@ -469,6 +469,9 @@ class Sidecar:
 
 def run(config: SidecarConfig) -> None:
     """Run until SIGINT/SIGTERM (the CLI's entry point)."""
+    from slokit._arrow import defer_pandas
+
+    defer_pandas()  # before any thread: pandas loads with the findings, not the first commit
 
     async def main() -> None:
         sidecar = Sidecar(config)

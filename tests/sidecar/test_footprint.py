@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from click.testing import CliRunner
 from sidecar_harness import sidecar_process
@@ -124,38 +125,103 @@ def _pandas_mapped(pid: int) -> bool:
 
 
 @contextlib.contextmanager
-def _running_sidecar(tmp_path: Path, diagnose_interval_s: str) -> Iterator[int]:
-    """A real ``slokit sidecar`` process, ready; yields its pid."""
+def _running_sidecar(
+    tmp_path: Path, diagnose_interval_s: str
+) -> Iterator[tuple[int, dict[str, int]]]:
+    """A real ``slokit sidecar`` process, ready; yields its pid and ports."""
     log = tmp_path / "sidecar.log"
     env = {**os.environ, "SLOKIT_DIAGNOSE_INTERVAL_S": diagnose_interval_s,
            "PYTHONUNBUFFERED": "1"}  # fmt: skip
     args = ["--db", str(tmp_path / "s.duckdb"), "--listen", "127.0.0.1:0",
             "--otlp-http", "127.0.0.1:0", "--otlp-grpc", ""]  # fmt: skip
-    with sidecar_process(args, log, env) as (popen, _):
-        yield popen.pid
+    with sidecar_process(args, log, env) as (popen, ports):
+        yield popen.pid, ports
         assert popen.poll() is None, log.read_text()[-3000:]
 
 
+def _ingest(ports: dict[str, int], body: bytes) -> None:
+    """Post an OTLP export and wait until its spans are queryable (committed to DuckDB)."""
+    r = httpx.post(f"http://127.0.0.1:{ports['otlp_http']}/v1/traces", content=body,
+                   headers={"Content-Type": "application/x-protobuf"}, timeout=60)  # fmt: skip
+    assert r.status_code == 200, r.text
+    deadline = time.monotonic() + 60
+    url = f"http://127.0.0.1:{ports['api']}/api/request?id=r63"
+    while httpx.get(url, timeout=30).json()["record"] is None:
+        assert time.monotonic() < deadline, "the export's spans were never committed"
+        time.sleep(0.2)
+
+
 def test_a_ready_sidecar_has_not_loaded_pandas(tmp_path: Path) -> None:
-    with _running_sidecar(tmp_path, "30") as pid:
+    with _running_sidecar(tmp_path, "30") as (pid, _):
+        assert not _pandas_mapped(pid)
+
+
+def test_committing_spans_loads_no_pandas(tmp_path: Path, export_body: bytes) -> None:
+    # pyarrow imports pandas at its first list conversion unless told there is none
+    with _running_sidecar(tmp_path, "0") as (pid, ports):
+        _ingest(ports, export_body)
         assert not _pandas_mapped(pid)
 
 
 def test_the_first_findings_tick_loads_the_analysis_stack(tmp_path: Path) -> None:
-    with _running_sidecar(tmp_path, "0.2") as pid:
+    with _running_sidecar(tmp_path, "0.2") as (pid, _):
         deadline = time.monotonic() + 60  # generous: the tick is due 0.2 s after start
         while not _pandas_mapped(pid):
             assert time.monotonic() < deadline, "the findings tick never loaded the rules"
             time.sleep(0.2)
 
 
-def test_findings_interval_zero_turns_them_off_and_pandas_never_loads(tmp_path: Path) -> None:
-    with _running_sidecar(tmp_path, "0") as pid:
+def test_findings_interval_zero_turns_them_off_and_pandas_never_loads(
+    tmp_path: Path, export_body: bytes
+) -> None:
+    with _running_sidecar(tmp_path, "0") as (pid, ports):
+        _ingest(ports, export_body)
         time.sleep(OFF_OBSERVED_S)  # many ticks of the 0.2 s interval above
         assert not _pandas_mapped(pid)
+
+
+def test_findings_of_a_sidecar_that_deferred_pandas_read_its_spans(
+    tmp_path: Path, export_body: bytes
+) -> None:
+    with _running_sidecar(tmp_path, "30") as (pid, ports):
+        _ingest(ports, export_body)
+        doc = httpx.get(f"http://127.0.0.1:{ports['api']}/api/diagnose", timeout=120).json()
+        assert _pandas_mapped(pid)
+        assert doc["coverage"]["sources"]["requests"]["rows"] == 64
 
 
 @pytest.mark.parametrize("value", ["-1", "nan", "inf", "-0.5"])
 def test_a_findings_interval_below_zero_or_not_finite_is_refused(value: str) -> None:
     with pytest.raises(BadInput, match="diagnose_interval_s"):
         load_config(env={"SLOKIT_DIAGNOSE_INTERVAL_S": value}).validate()
+
+
+# -- pyarrow's pandas check, deferred (slokit._arrow) ----------------------------------------
+
+DEFERRED = """
+import sys
+from slokit._arrow import defer_pandas
+assert defer_pandas()
+import pyarrow as pa
+pa.array([1.5, None])
+assert "pandas" not in sys.modules
+import numpy as np, pandas as pd
+print(pa.array(pd.Series([1.0, np.nan])).null_count)
+"""
+
+
+def test_pyarrow_converts_pandas_as_usual_once_pandas_is_imported() -> None:
+    out = subprocess.run([sys.executable, "-c", DEFERRED], capture_output=True, text=True,
+                         timeout=120, check=True)  # fmt: skip
+    assert out.stdout.split() == ["1"]  # NaN as null: pyarrow knows the Series for one
+
+
+def test_without_the_rearm_pyarrow_would_not_know_pandas_objects() -> None:
+    # what the check above guards against: pyarrow told of no pandas converts a Series as a
+    # plain sequence, NaN kept
+    code = DEFERRED.replace("from slokit._arrow import defer_pandas",
+                            "import slokit._arrow as a; a._rearm = lambda: None\n"
+                            "from slokit._arrow import defer_pandas")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True)  # fmt: skip
+    assert out.stdout.split() == ["0"]

@@ -41,6 +41,9 @@ def _report(rep: IngestReport) -> None:
 @click.group("ingest")
 def command() -> None:
     """Load OTLP exports, metric files, client records or quality results into the store."""
+    from slokit._arrow import defer_pandas
+
+    defer_pandas()  # the store converts lists with pyarrow, which would import pandas (~1 s)
 
 
 def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:

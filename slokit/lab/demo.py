@@ -205,7 +205,7 @@ async def _drive(
         for res in await asyncio.gather(*runs):
             s = res.summary
             echo(
-                f"   {s.run_id}: sent {s.sent}, ok {s.ok}, errors {s.errors}, "
+                f"   {s.run_id}: sent {s.sent}, ok {s.ok}, {s.errors_text()}, "
                 f"timeouts {s.timeouts}, incomplete {s.incomplete}, "
                 f"TTFT p50 {_ms(s.ttft_p50_s)} p95 {_ms(s.ttft_p95_s)}"
             )

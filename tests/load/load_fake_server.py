@@ -72,9 +72,10 @@ def _server_app(state: FakeVllm) -> web.Application:
         # token_ts: the wall-clock time just before each token's chunk was written (what the
         # server did; on a busy machine its sleeps run long)
         token_ts: list[float] = []
+        peer = request.transport.get_extra_info("peername") if request.transport else None
         state.received.append(
             {"headers": {k.lower(): v for k, v in request.headers.items()}, "body": body,
-             "token_ts": token_ts}
+             "token_ts": token_ts, "peer": peer}
         )  # fmt: skip
         b = state.behaviour
         if b.status == 400:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from load_fake_server import FakeVllm, serve_fake_vllm
 
+import slokit.lab.load.run as load_run
 from slokit.lab.load import (
     RECORD_KEYS,
     LoadConfig,
@@ -222,6 +223,39 @@ def test_the_open_loop_keeps_its_schedule_when_the_server_is_slow(fake_vllm: Fak
     # (~9.5 s by the last); the bounds leave room for a loaded CI machine, not for that.
     assert max(lags) < 0.3
     assert sends[-1] - sends[0] == pytest.approx(0.95, abs=0.3)
+
+
+def test_an_idle_connection_is_given_up_before_vllm_closes_it() -> None:
+    # vLLM's server closes a connection idle for 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE); one the
+    # client reuses at that moment fails the request without reaching vLLM
+    assert load_run.KEEPALIVE_S < 5.0
+
+
+def test_a_connection_idle_past_the_keepalive_is_not_reused(
+    fake_vllm: FakeVllm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(load_run, "KEEPALIVE_S", 0.01)
+    cfg = _config(fake_vllm, rate=4.0, duration_s=0.75, arrival="constant",
+                  workload=_workload(output=1))  # fmt: skip
+    result = _run(cfg)
+    assert [r["status"] for r in result.records] == ["ok"] * 3
+    peers = [r["peer"] for r in fake_vllm.received]  # 0.25 s apart: each on a new connection
+    assert len(set(peers)) == 3, peers
+
+
+def test_a_connection_idle_within_the_keepalive_is_reused(fake_vllm: FakeVllm) -> None:
+    cfg = _config(fake_vllm, rate=4.0, duration_s=0.75, arrival="constant",
+                  workload=_workload(output=1))  # fmt: skip
+    _run(cfg)
+    peers = [r["peer"] for r in fake_vllm.received]  # what the test above rules out
+    assert len(set(peers)) < 3, peers
+
+
+def test_errors_are_summarised_by_their_type(fake_vllm: FakeVllm) -> None:
+    fake_vllm.behaviour.status = 500
+    summary = _run(_config(fake_vllm, rate=4.0, duration_s=0.75, arrival="constant")).summary
+    assert summary.error_types == {"http_500": 3}
+    assert summary.errors_text() == "errors 3 (http_500: 3)"
 
 
 def test_closed_loop_users_send_back_to_back(fake_vllm: FakeVllm) -> None:

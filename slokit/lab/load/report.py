@@ -23,7 +23,7 @@ def format_summary(s: LoadSummary) -> str:
         load = f"closed loop, {s.users} users over {s.duration_s:g}s"
     lines = [
         f"run {s.run_id}: {load}",
-        f"  requests  sent {s.sent}  ok {s.ok}  errors {s.errors}  timeouts {s.timeouts}"
+        f"  requests  sent {s.sent}  ok {s.ok}  {s.errors_text()}  timeouts {s.timeouts}"
         f"  cancelled {s.cancelled}  incomplete {s.incomplete}",
         f"  rate      achieved {_num(s.achieved_rate, '.2f')} req/s",
     ]

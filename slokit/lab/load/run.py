@@ -18,6 +18,13 @@ from slokit.lab.load.stats import LoadResult, ProgressCallback, summarize
 from slokit.lab.load.tracing import ClientTracer, otlp_http_exporter
 from slokit.lab.load.urls import discover_model
 
+#: How long an idle connection may be reused: under the 5 s after which vLLM's server
+#: (uvicorn, ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``) closes one. A client that keeps connections
+#: longer sends, now and then, a request on a connection the server is closing at that moment,
+#: which fails (``ServerDisconnectedError``) without ever reaching vLLM; the slower the
+#: client's loop (a busy machine), the more often.
+KEEPALIVE_S = 4.0
+
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
 
@@ -54,7 +61,7 @@ async def run_load(
             # Unbounded in the open loop (a send never queues behind a busy connection); one
             # connection per user in the closed loop.
             connector = aiohttp.TCPConnector(
-                limit=config.users or 0, limit_per_host=0, keepalive_timeout=30.0
+                limit=config.users or 0, limit_per_host=0, keepalive_timeout=KEEPALIVE_S
             )
             owner = True
         else:

@@ -42,6 +42,7 @@ class RunStats:
     cancelled: int = 0
     incomplete: int = 0
     output_tokens: int = 0
+    error_types: dict[str, int] = field(default_factory=dict)  # errors by error_type
     first_send: float | None = None
     last_send: float | None = None
     last_finish: float | None = None
@@ -69,6 +70,8 @@ class RunStats:
             self.incomplete += 1
         else:
             self.errors += 1
+            kind = str(rec[cl.ERROR_TYPE] or "unknown")
+            self.error_types[kind] = self.error_types.get(kind, 0) + 1
         if rec[cl.OUTPUT_TOKENS]:
             self.output_tokens += rec[cl.OUTPUT_TOKENS]
         if rec[cl.FINISH_TS] is not None:
@@ -108,9 +111,15 @@ class LoadSummary:
     output_tokens: int
     output_tokens_per_s: float | None
     out: str | None = None
+    error_types: dict[str, int] = field(default_factory=dict)  # the errors by error_type
 
     def as_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    def errors_text(self) -> str:
+        """``errors 2 (http_500: 1, ServerDisconnectedError: 1)``: the count and its kinds."""
+        kinds = ", ".join(f"{k}: {n}" for k, n in self.error_types.items())
+        return f"errors {self.errors}" + (f" ({kinds})" if kinds else "")
 
 
 @dataclass(slots=True)
@@ -173,5 +182,6 @@ def summarize(
         tpot_p95_s=percentile(s.tpot, 95),
         output_tokens=s.output_tokens,
         output_tokens_per_s=out_rate,
+        error_types=dict(sorted(s.error_types.items())),
         out=str(cfg.out) if cfg.out is not None else None,
     )

@@ -40,29 +40,30 @@ class _Refuse(importlib.abc.MetaPathFinder):
 
 
 class _Rearm(importlib.abc.MetaPathFinder):
-    """On the import of pandas: finds it with the other finders and, once its module has run,
-    lets pyarrow see it (then leaves the import system)."""
+    """On the import of pandas: finds it with the other finders, with a loader that, once the
+    module has run, lets pyarrow see it and takes this finder out of the import system (a
+    ``find_spec`` that imports nothing leaves it in place)."""
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
         if fullname != "pandas":
             return None
-        with _lock:
-            if self in sys.meta_path:
-                sys.meta_path.remove(self)
-        for finder in sys.meta_path:
+        for finder in list(sys.meta_path):
             find = getattr(finder, "find_spec", None)
-            spec = find(fullname, path, target) if find is not None else None
+            if finder is self or find is None:
+                continue
+            spec = find(fullname, path, target)
             if spec is not None and spec.loader is not None:
-                spec.loader = _RearmingLoader(spec.loader)
+                spec.loader = _RearmingLoader(spec.loader, self)
                 return spec
         return None
 
 
 class _RearmingLoader(importlib.abc.Loader):
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: Any, finder: _Rearm) -> None:
         self.loader = loader
+        self.finder = finder
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
         module: ModuleType | None = self.loader.create_module(spec)
@@ -71,6 +72,9 @@ class _RearmingLoader(importlib.abc.Loader):
     def exec_module(self, module: ModuleType) -> None:
         self.loader.exec_module(module)
         _rearm()
+        with _lock:
+            if self.finder in sys.meta_path:
+                sys.meta_path.remove(self.finder)
 
     def __getattr__(self, name: str) -> Any:  # get_resource_reader, is_package...
         return getattr(self.loader, name)

@@ -216,6 +216,15 @@ def test_pyarrow_converts_pandas_as_usual_once_pandas_is_imported() -> None:
     assert out.stdout.split() == ["1"]  # NaN as null: pyarrow knows the Series for one
 
 
+def test_asking_where_pandas_is_before_importing_it_changes_nothing() -> None:
+    code = DEFERRED.replace("import numpy as np, pandas as pd",
+                            "import importlib.util\nassert importlib.util.find_spec('pandas')\n"
+                            "import numpy as np, pandas as pd")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True)  # fmt: skip
+    assert out.stdout.split() == ["1"]
+
+
 def test_without_the_rearm_pyarrow_would_not_know_pandas_objects() -> None:
     # what the check above guards against: pyarrow told of no pandas converts a Series as a
     # plain sequence, NaN kept

@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # DuckDB builds the frames; the sidecar's steady state never 
 
 from slokit.records import ERROR_STATUSES
 from slokit.sources.validate import MAX_COUNT, MAX_DURATION_S, MAX_RATIO, MAX_TOKENS
+from slokit.store.migrations import LOCAL_REQUEST_COLUMNS
 
 _COUNTERS: tuple[tuple[str, str], ...] = (
     ("preemptions_total", "preemptions"),
@@ -67,9 +68,11 @@ REQUESTS = (
     + ", ".join(
         f"{_sane(c, 0, MAX_TOKENS)} AS {c}" for c in ("prompt_tokens", "output_tokens")
     )
-    # the local store's bookkeeping (first_ingested_at) left out, so that every reader's
-    # requests have the same columns
-    + ") FROM (SELECT COLUMNS(lambda c: c <> 'first_ingested_at') FROM requests))"
+    # the local store's bookkeeping left out, so that every reader's requests have the same
+    # columns (a lake has none of it)
+    + ") FROM (SELECT COLUMNS(lambda c: c NOT IN ("
+    + ", ".join(f"'{c}'" for c in LOCAL_REQUEST_COLUMNS)
+    + ")) FROM requests))"
 )  # fmt: skip
 #: ``gpu_samples`` likewise.
 GPU_SAMPLES = (

@@ -47,6 +47,8 @@ from urllib.parse import quote
 
 import duckdb
 
+from slokit.store.migrations import LOCAL_REQUEST_COLUMNS
+
 log = logging.getLogger("slokit.store.lake_export")
 
 __all__ = [
@@ -78,7 +80,7 @@ class LakeTable:
 
 #: The tables in the lake, in export order.
 TABLES: tuple[LakeTable, ...] = (
-    LakeTable("requests", "arrival_ts", "updated_at", ("first_ingested_at",)),
+    LakeTable("requests", "arrival_ts", "updated_at", LOCAL_REQUEST_COLUMNS),
     LakeTable("engine_samples", "ts"),
     LakeTable("gpu_samples", "ts"),
     LakeTable("scrapes", "ts"),

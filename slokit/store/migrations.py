@@ -276,5 +276,9 @@ WHERE requests.request_id = f.request_id;
     ),
 )
 
+#: Columns of ``requests`` that are the local store's bookkeeping (the SLI's, schema 7): the
+#: Parquet export, the readers' frames and the request records leave them out.
+LOCAL_REQUEST_COLUMNS: tuple[str, ...] = ("first_ingested_at",)
+
 #: The newest schema this code knows; a file with a newer one is refused, not guessed at.
 LATEST_VERSION = max(m.version for m in MIGRATIONS)

@@ -12,6 +12,7 @@ import duckdb
 
 from slokit.errors import BadInput
 from slokit.ids import candidate_ids
+from slokit.store.migrations import LOCAL_REQUEST_COLUMNS
 
 _REQUEST_TS = ("arrival_ts", "first_token_ts", "finish_ts", "updated_at")
 
@@ -35,7 +36,8 @@ def get_request(con: duckdb.DuckDBPyConnection, request_id: str) -> dict[str, An
         )
         rec = _row_dict(cur)
         if rec is not None:
-            rec.pop("first_ingested_at", None)  # the SLI's bookkeeping (a lake has none)
+            for c in LOCAL_REQUEST_COLUMNS:  # the SLI's bookkeeping (a lake has none)
+                rec.pop(c, None)
             _add_routing(con, rec)
             return rec
     return None

@@ -210,27 +210,28 @@ print(pa.array(pd.Series([1.0, np.nan])).null_count)
 """
 
 
-def test_pyarrow_converts_pandas_as_usual_once_pandas_is_imported() -> None:
-    out = subprocess.run([sys.executable, "-c", DEFERRED], capture_output=True, text=True,
+def _series_nulls(code: str) -> list[str]:
+    """What ``code`` (DEFERRED, changed) prints, run in a fresh interpreter."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True)  # fmt: skip
-    assert out.stdout.split() == ["1"]  # NaN as null: pyarrow knows the Series for one
+    return out.stdout.split()
+
+
+def test_pyarrow_converts_pandas_as_usual_once_pandas_is_imported() -> None:
+    assert _series_nulls(DEFERRED) == ["1"]  # NaN as null: pyarrow knows the Series for one
 
 
 def test_asking_where_pandas_is_before_importing_it_changes_nothing() -> None:
     code = DEFERRED.replace("import numpy as np, pandas as pd",
                             "import importlib.util\nassert importlib.util.find_spec('pandas')\n"
                             "import numpy as np, pandas as pd")  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, check=True)  # fmt: skip
-    assert out.stdout.split() == ["1"]
+    assert _series_nulls(code) == ["1"]
 
 
 def test_without_the_rearm_pyarrow_would_not_know_pandas_objects() -> None:
-    # what the check above guards against: pyarrow told of no pandas converts a Series as a
+    # what the checks above guard against: pyarrow told of no pandas converts a Series as a
     # plain sequence, NaN kept
     code = DEFERRED.replace("from slokit._arrow import defer_pandas",
                             "import slokit._arrow as a; a._rearm = lambda: None\n"
                             "from slokit._arrow import defer_pandas")  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, check=True)  # fmt: skip
-    assert out.stdout.split() == ["0"]
+    assert _series_nulls(code) == ["0"]

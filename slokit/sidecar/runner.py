@@ -470,6 +470,7 @@ class Sidecar:
 def run(config: SidecarConfig) -> None:
     """Run until SIGINT/SIGTERM (the CLI's entry point)."""
     from slokit._arrow import defer_pandas
+    from slokit._gc import tune_gc
 
     defer_pandas()  # before any thread: pandas loads with the findings, not the first commit
 
@@ -481,6 +482,7 @@ def run(config: SidecarConfig) -> None:
             loop.add_signal_handler(sig, stop.set)
         try:
             await sidecar.start()
+            tune_gc(freeze=True)  # what startup built is never walked again (see slokit._gc)
             await stop.wait()
         finally:
             log.info("slokit sidecar stopping: committing queued records")

@@ -234,9 +234,12 @@ class Scraper:
         m = self.metrics
         try:
             body = await asyncio.wait_for(self._fetch(target), self.timeout_s)
-            # parsing is pure Python (seconds for a huge body): never on the event loop
+            # parsing and the reset check are pure Python, proportional to the samples
+            # (seconds for a huge body): never on the event loop. One scrape of a target
+            # runs at a time (its loop awaits each), so the check has ``_last`` to itself.
             invalid: Counter[str] = Counter()
-            parsed = await asyncio.to_thread(_parse, target, body, ts, invalid)
+            parsed, reset = await asyncio.to_thread(self._parse_checked, target, body, ts,
+                                                    invalid)  # fmt: skip
             del body
         except (ScrapeFailed, TimeoutError, BadInput) as exc:
             reason = (
@@ -254,7 +257,6 @@ class Scraper:
         dur = time.perf_counter() - t0
         for name, n in invalid.items():
             m.sample_values_invalid.labels(kind=target.kind, field=name).inc(n)
-        reset = self._check_reset(target, parsed.engine)
         if reset:
             m.counter_resets.labels(target=target.url).inc()
         m.scrape_up.labels(target=target.url, kind=target.kind, replica=target.replica).set(1)
@@ -281,6 +283,12 @@ class Scraper:
             raise ScrapeFailed("timeout", f"timed out: {exc}") from None
         except httpx.HTTPError as exc:
             raise ScrapeFailed("down", f"{type(exc).__name__}: {exc}") from None
+
+    def _parse_checked(
+        self, target: Target, body: bytes, ts: float, invalid: Counter[str]
+    ) -> tuple[_Parsed, bool]:
+        parsed = _parse(target, body, ts, invalid)
+        return parsed, self._check_reset(target, parsed.engine)
 
     def _check_reset(self, target: Target, engine: list[EngineSample]) -> bool:
         reset = False

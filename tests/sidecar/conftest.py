@@ -12,12 +12,17 @@ import pytest
 from prometheus_client import CollectorRegistry
 from sidecar_harness import BASE, LoopThread, Running, StartSidecar, TargetServer
 
+from slokit._gc import restore_gc, tune_gc
 from slokit.sidecar.runner import Sidecar
 
 
 @pytest.fixture
 def start_sidecar(tmp_path: Path) -> Iterator[StartSidecar]:
-    """``start_sidecar(**config_overrides, before_commit=..., scrape_transport=...)``."""
+    """``start_sidecar(**config_overrides, before_commit=..., scrape_transport=...)``.
+
+    The sidecar runs in this process under the collector schedule its own process gets
+    (``slokit.sidecar.runner.run``), unfrozen: what this process built is the test's."""
+    schedule = tune_gc()
     lt = LoopThread()
     started: list[Sidecar] = []
 
@@ -44,6 +49,7 @@ def start_sidecar(tmp_path: Path) -> Iterator[StartSidecar]:
         finally:
             faulthandler.cancel_dump_traceback_later()
     lt.close()
+    restore_gc(schedule)
 
 
 @pytest.fixture(scope="session")

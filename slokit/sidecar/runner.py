@@ -202,7 +202,7 @@ class Sidecar:
         writer = self.writer = Writer(
             store, metrics=self.metrics, capacity=cfg.queue_capacity, batch_max=cfg.batch_max,
             linger_s=cfg.batch_linger_s, journal=journal, commit_interval_s=cfg.commit_interval_s,
-            before_commit=self._before_commit,
+            samples_interval_s=cfg.sample_commit_interval_s, before_commit=self._before_commit,
         )  # fmt: skip
         await asyncio.to_thread(writer.start)  # a journal left by a crash is replayed first
         self.sli = SliAccountant(self.metrics, spec, grace_s=cfg.sli_grace_s,

@@ -70,6 +70,8 @@ log = logging.getLogger("slokit.sidecar.writer")
 
 Kind = Literal["fragments", "engine", "gpu", "router_samples", "scrapes", "findings"]
 _ORDER: tuple[Kind, ...] = ("fragments", "engine", "gpu", "router_samples", "scrapes", "findings")
+#: What the scrape loops write: held and committed together every ``samples_interval_s``.
+SAMPLE_KINDS: frozenset[Kind] = frozenset({"engine", "gpu", "router_samples", "scrapes"})
 
 
 @dataclass
@@ -78,8 +80,9 @@ class _Item:
     records: Sequence[Any]
     enqueued_at: float
     future: concurrent.futures.Future[int] = field(default_factory=concurrent.futures.Future)
-    #: In the journal: its weight is released when DuckDB has it, not after its batch.
-    journaled: bool = False
+    #: Journaled fragments and held samples: its weight is released when DuckDB has it, not
+    #: after its batch.
+    deferred: bool = False
 
     @property
     def weight(self) -> int:
@@ -106,6 +109,7 @@ class Writer:
         clock: Callable[[], float] = time.monotonic,
         journal: Journal | None = None,
         commit_interval_s: float = 1.0,
+        samples_interval_s: float = 0.0,
     ) -> None:
         self.store = store
         self.metrics = metrics
@@ -136,6 +140,12 @@ class Writer:
         self._flush_wanted = False
         self._commit_attempts = 0  # commits of the journaled fragments tried
         self.replayed_fragments = 0
+        # scraped samples held for one commit per ``samples_interval_s`` (0: none held)
+        self.samples_interval_s = samples_interval_s
+        self._held: list[_Item] = []
+        self._held_due: float | None = None
+        self._held_seq = 0  # hold() calls so far
+        self._held_done_seq = 0  # of those, committed (or refused)
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -176,20 +186,20 @@ class Writer:
         return item.future
 
     def flush(self, timeout_s: float = 5.0) -> bool:
-        """Wait until every fragment acknowledged so far is in DuckDB (readers call this
-        first, so they see what was acknowledged). False when ``timeout_s`` passed first or
-        the writer is not running. Without a journal there is nothing to wait for."""
-        if self.journal is None:
-            return True
+        """Wait until every fragment acknowledged and every sample submitted so far is in
+        DuckDB (readers call this first, so they see what was acknowledged and scraped).
+        False when ``timeout_s`` passed first or the writer is not running. Without a journal
+        and held samples there is nothing to wait for."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
             target = self._acked_seq
+            held_target = self._held_seq
             attempts = self._commit_attempts
-            while self._committed_seq < target:
+            while self._committed_seq < target or self._held_done_seq < held_target:
                 left = deadline - time.monotonic()
                 if left <= 0 or self._thread is None or not self._thread.is_alive():
                     return False
-                if self._stalled is None:
+                if self._stalled is None or self._committed_seq >= target:
                     self._flush_wanted = True
                     self._cond.notify_all()
                 elif self._commit_attempts > attempts:
@@ -221,13 +231,13 @@ class Writer:
             while not self._queue:
                 if self._stopping:
                     return None
-                due = self._pending_due
+                due = self._next_due()
                 if due is None:
                     self._cond.wait(0.5)
                     continue
                 left = due - self.clock()
                 if left <= 0 or self._flush_wanted:
-                    return []  # no new items: commit the pending ones
+                    return []  # no new items: commit the pending or held ones
                 self._cond.wait(min(0.5, left))
             if self.linger_s > 0 and not self._stopping:
                 deadline = self.clock() + self.linger_s
@@ -245,6 +255,11 @@ class Writer:
             self._inflight_since = min(i.enqueued_at for i in batch)
             return batch
 
+    def _next_due(self) -> float | None:
+        """When the earlier of the journal's commit and the held samples' commit is due."""
+        dues = [d for d in (self._pending_due, self._held_due) if d is not None]
+        return min(dues) if dues else None
+
     def _queued_weight(self) -> int:
         return sum(i.weight for i in self._queue)
 
@@ -252,6 +267,7 @@ class Writer:
         while True:
             batch = self._take()
             if batch is None:
+                self._commit_held()
                 self._commit_pending(final=True)
                 return
             try:
@@ -259,6 +275,8 @@ class Writer:
                     self.before_commit()
                 if batch:
                     self._commit(batch)
+                if self._held and self._held_is_due():
+                    self._commit_held()
                 if self._pending and self._pending_is_due():
                     self._commit_pending()
             except BaseException as exc:  # never let the writer die on one batch
@@ -269,7 +287,7 @@ class Writer:
                         item.future.set_exception(exc)
             finally:
                 with self._cond:
-                    self._weight -= sum(i.weight for i in batch if not i.journaled)
+                    self._weight -= sum(i.weight for i in batch if not i.deferred)
                     self._inflight_since = None
                     self.metrics.queue_depth.set(self._weight)
 
@@ -332,7 +350,7 @@ class Writer:
             return
         with self._cond:
             for item in kept:
-                item.journaled = True
+                item.deferred = True
             self._pending.extend(zip(kept, tables, strict=True))
             if self._pending_due is None:
                 self._pending_due = self.clock() + self.commit_interval_s
@@ -435,22 +453,73 @@ class Writer:
             if kind == "fragments" and self.journal is not None:
                 self._journal_items(self.journal, items)
                 continue
-            error = self._try(kind, items)
-            if error is None:
+            if kind in SAMPLE_KINDS and self.samples_interval_s > 0:
+                self._hold(items)
                 continue
-            first = first_error(error)
-            self.last_error = f"{type(first).__name__}: {first}"
-            if systemic(first):
-                log.error("writer: appending %d %s items failed: %s", len(items), kind,
-                          self.last_error)  # fmt: skip
-                for i in items:
-                    i.future.set_exception(error)
-            elif len(items) == 1:
-                self._refuse(kind, items[0], first)
-            else:
-                log.error("writer: a batch of %d %s items failed: %s; committing them apart",
-                          len(items), kind, self.last_error)  # fmt: skip
-                self._isolate(kind, items)
+            self._commit_kind(kind, items)
+
+    def _commit_kind(self, kind: Kind, items: list[_Item]) -> None:
+        """Append ``items`` (all of ``kind``) in one go; should that fail on the records, apart."""
+        error = self._try(kind, items)
+        if error is None:
+            return
+        first = first_error(error)
+        self.last_error = f"{type(first).__name__}: {first}"
+        if systemic(first):
+            log.error("writer: appending %d %s items failed: %s", len(items), kind,
+                      self.last_error)  # fmt: skip
+            for i in items:
+                i.future.set_exception(error)
+        elif len(items) == 1:
+            self._refuse(kind, items[0], first)
+        else:
+            log.error("writer: a batch of %d %s items failed: %s; committing them apart",
+                      len(items), kind, self.last_error)  # fmt: skip
+            self._isolate(kind, items)
+
+    # -- held samples --------------------------------------------------------------------
+    def _hold(self, items: list[_Item]) -> None:
+        """Keep scraped samples for the next samples commit: one transaction per kind every
+        ``samples_interval_s`` instead of one per scrape tick (DuckDB's cost of an insert is
+        mostly per statement). Their weight stays on the bound until they are committed."""
+        with self._cond:
+            for item in items:
+                item.deferred = True
+            self._held.extend(items)
+            self._held_seq += 1
+            if self._held_due is None:
+                self._held_due = self.clock() + self.samples_interval_s
+
+    def _held_is_due(self) -> bool:
+        due = self._held_due
+        return (
+            self._flush_wanted
+            or sum(i.weight for i in self._held) >= self.batch_max
+            or (due is not None and self.clock() >= due)
+        )
+
+    def _commit_held(self) -> None:
+        """Commit the held samples, one statement per kind. A failure is handled as for
+        samples committed at once (refused items apart, a database error fails them: they are
+        scrapes, which nobody was promised)."""
+        with self._cond:
+            held, self._held = self._held, []
+            seq = self._held_seq
+            self._held_due = None
+        if held:
+            by_kind: dict[Kind, list[_Item]] = {}
+            for item in held:
+                by_kind.setdefault(item.kind, []).append(item)
+            for kind in _ORDER:
+                if kind in by_kind:
+                    self._commit_kind(kind, by_kind[kind])
+        with self._cond:
+            self._weight -= sum(i.weight for i in held)
+            self.metrics.queue_depth.set(self._weight)
+            self._held_done_seq = seq
+            if not self._pending:
+                self._flush_wanted = False
+            self._cond.notify_all()
 
     def _try(self, kind: Kind, items: list[_Item]) -> Exception | None:
         """Append ``items`` in one go; resolve their futures and return None, or return the

@@ -164,3 +164,15 @@ def test_duckdb_runs_one_thread_unless_told_otherwise() -> None:
 def test_a_thread_count_out_of_range_is_refused(value: str) -> None:
     with pytest.raises(BadInput, match="db_threads"):
         load_config(env={"SLOKIT_DB_THREADS": value}).validate()
+
+
+def test_scraped_samples_are_committed_every_five_seconds_unless_told_otherwise() -> None:
+    assert load_config(env={}).validate().sample_commit_interval_s == 5.0
+    each_tick = {"SLOKIT_SAMPLE_COMMIT_INTERVAL_S": "0"}
+    assert load_config(env=each_tick).validate().sample_commit_interval_s == 0.0
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "61"])
+def test_a_sample_commit_interval_out_of_range_is_refused(value: str) -> None:
+    with pytest.raises(BadInput, match="sample_commit_interval_s"):
+        load_config(env={"SLOKIT_SAMPLE_COMMIT_INTERVAL_S": value}).validate()

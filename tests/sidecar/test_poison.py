@@ -266,10 +266,9 @@ def test_an_odd_counter_in_a_scrape_is_stored_missing_and_counted(
     assert line + b"33.0\n" in target.body
     target.body = target.body.replace(line + b"33.0\n", line + value.encode() + b"\n")
     sc = start_sidecar(vllm_urls=(target.url,), scrape_interval_s=0.2)
-    assert sc.sidecar.store is not None
 
     def rows(sql: str) -> list[tuple[Any, ...]]:
-        cur = sc.sidecar.store.cursor()  # type: ignore[union-attr]
+        cur = sc.committed().cursor()  # what a reader sees: the held samples committed first
         try:
             return cur.execute(sql).fetchall()
         finally:

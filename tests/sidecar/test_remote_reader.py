@@ -213,8 +213,12 @@ def test_the_reader_answers_what_the_store_does(
     cur = sc.committed().cursor()
     try:
         here = LocalReader(cur)
-        wait_for(lambda: len(here.engine_series(None, None).get("test-pod", [])) >= 2,
-                 what="two engine samples")  # fmt: skip
+
+        def two_samples() -> bool:
+            sc.committed()  # the held samples committed first, as the API's reads do
+            return len(here.engine_series(None, None).get("test-pod", [])) >= 2
+
+        wait_for(two_samples, what="two engine samples")
         with SidecarReader(sc.api) as there:
             newest = there.bounds()[1]
             assert newest is not None

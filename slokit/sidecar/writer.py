@@ -30,6 +30,11 @@ that fails on the database itself is retried at the next interval with nothing l
 exports meanwhile get the error, so clients back off); fragments the store refuses on their
 own after they were acknowledged are kept in ``<journal>.refused`` and counted. A sidecar
 that ended before committing replays its journal at start (:meth:`Writer.start`).
+
+With ``samples_interval_s`` (the sidecar's ``sample_commit_interval_s``, 5 s by default), what
+the scrape loops submit (:data:`SAMPLE_KINDS`) is held and committed together that often, one
+statement per kind, instead of one transaction per scrape tick; :meth:`Writer.flush` and a stop
+commit them too. Nobody awaits a scrape's future, so nothing acknowledged waits on them.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ A DuckDB file already holding ``--preload`` requests (100k by default) takes, on
 
 - ``new``: 20 vLLM fragments of requests seen for the first time (the common case);
 - ``mixed``: 10 of those plus 10 client fragments of requests already stored (a merge);
-- ``engine``: one engine sample with the 12 histograms of a real vLLM 0.32 /metrics page.
+- ``engine``: one engine sample with the 12 histograms of a real vLLM 0.32 /metrics page;
+- ``engine10``: ten of them in one statement, as the sidecar commits the samples it holds for
+  ``sample_commit_interval_s`` (5 s of two replicas scraped every second).
 
 Medians of wall and CPU time per commit, DuckDB on one thread, the process pinned to one core.
 Run it against another checkout to compare (``PYTHONPATH=/path/to/checkout python ...``): the
@@ -95,7 +97,7 @@ def run(store: Store, preload: int, commits: int) -> dict[str, tuple[float, floa
         store.append_fragments([vllm_fragment(i) for i in range(lo, min(preload, lo + 5000))])
     store.con.execute("CHECKPOINT")
     nxt = preload
-    new, mixed, engine = [], [], []
+    new, mixed, engine, engine10 = [], [], [], []
     for _ in range(commits):
         batch = [vllm_fragment(nxt + k) for k in range(20)]
         nxt += 20
@@ -108,12 +110,17 @@ def run(store: Store, preload: int, commits: int) -> dict[str, tuple[float, floa
     for c in range(commits):
         s = engine_sample(T0 + c)
         engine.append(_timed(lambda s=s: store.append_engine_samples([s])))  # type: ignore[misc]
+    held = [engine_sample(T0 + commits + k) for k in range(10)]
+    for c in range(commits):
+        for k, s in enumerate(held):
+            s.ts = T0 + commits + c * 10 + k
+        engine10.append(_timed(lambda: store.append_engine_samples(held)))
     rows = store.con.execute("SELECT count(*) FROM requests").fetchone()
     assert rows == (nxt,), rows
     med = statistics.median
     return {
         name: (med(w for w, _ in xs), med(c for _, c in xs))
-        for name, xs in (("new", new), ("mixed", mixed), ("engine", engine))
+        for name, xs in (("new", new), ("mixed", mixed), ("engine", engine), ("engine10", engine10))
     }
 
 
@@ -135,11 +142,13 @@ def main(argv: list[str] | None = None) -> dict[str, tuple[float, float]]:
         "new": "20 new vLLM fragments  ",
         "mixed": "10 new + 10 existing ids",
         "engine": "engine sample, 12 hist.",
+        "engine10": "10 engine samples      ",
     }
     for name, (w, c) in out.items():
+        each = f"; {c / 10:.2f} ms CPU per sample" if name == "engine10" else ""
         print(
             f"   {labels[name]}: {w:7.2f} ms wall, {c:7.2f} ms CPU per commit "
-            f"(median of {args.commits}, store of {args.preload:,} requests)"
+            f"(median of {args.commits}, store of {args.preload:,} requests){each}"
         )
     return out
 

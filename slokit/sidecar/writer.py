@@ -511,20 +511,24 @@ class Writer:
             held, self._held = self._held, []
             seq = self._held_seq
             self._held_due = None
-        if held:
-            by_kind: dict[Kind, list[_Item]] = {}
-            for item in held:
-                by_kind.setdefault(item.kind, []).append(item)
+        by_kind: dict[Kind, list[_Item]] = {}
+        for item in held:
+            by_kind.setdefault(item.kind, []).append(item)
+        try:
             for kind in _ORDER:
                 if kind in by_kind:
                     self._commit_kind(kind, by_kind[kind])
-        with self._cond:
-            self._weight -= sum(i.weight for i in held)
-            self.metrics.queue_depth.set(self._weight)
-            self._held_done_seq = seq
-            if not self._pending:
-                self._flush_wanted = False
-            self._cond.notify_all()
+        finally:  # whatever happened, they leave the bound and nobody waits on them for ever
+            for item in held:
+                if not item.future.done():
+                    item.future.set_exception(WriterStopped("held samples were not committed"))
+            with self._cond:
+                self._weight -= sum(i.weight for i in held)
+                self.metrics.queue_depth.set(self._weight)
+                self._held_done_seq = seq
+                if not self._pending:
+                    self._flush_wanted = False
+                self._cond.notify_all()
 
     def _try(self, kind: Kind, items: list[_Item]) -> Exception | None:
         """Append ``items`` in one go; resolve their futures and return None, or return the

@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry
 
 from slokit.sidecar.config import SidecarConfig
 from slokit.sidecar.runner import Sidecar
+from slokit.sidecar.writer import Writer
 from slokit.store.db import Store
 
 BASE = SidecarConfig(
@@ -235,3 +236,20 @@ def sidecar_process(
         except subprocess.TimeoutExpired:
             popen.kill()
             popen.wait(10)
+
+
+class FakeClock:
+    """A writer's clock (monotonic seconds) that moves only when a test says so."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def tick(writer: Writer, clock: FakeClock, seconds: float) -> None:
+    """Advance ``writer``'s clock by ``seconds`` and wake it."""
+    clock.t += seconds
+    with writer._cond:
+        writer._cond.notify_all()

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
-from sidecar_harness import wait_for
+from sidecar_harness import FakeClock, tick, wait_for
 
 from slokit.records import EngineSample, ScrapeResult
 from slokit.sidecar.metrics import SidecarMetrics
@@ -22,14 +22,6 @@ from slokit.sidecar.writer import Writer
 from slokit.store.db import Store, open_store
 
 NOW = 1_795_958_000.0
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @dataclass
@@ -50,9 +42,7 @@ class Held:
         wait_for(lambda: not self.writer._queue, timeout=30, what="the writer to take the queue")
 
     def tick(self, seconds: float) -> None:
-        self.clock.t += seconds
-        with self.writer._cond:
-            self.writer._cond.notify_all()
+        tick(self.writer, self.clock, seconds)
 
 
 def _held(tmp_path: Path, **kw: Any) -> Held:

@@ -18,7 +18,7 @@ import duckdb
 import pyarrow as pa
 import pytest
 from prometheus_client import CollectorRegistry
-from sidecar_harness import StartSidecar, post, relabel, stored_request_ids
+from sidecar_harness import FakeClock, StartSidecar, post, relabel, stored_request_ids, tick
 
 from slokit.records import RequestFragment
 from slokit.sidecar.journal import Journal, JournalError, read_frames
@@ -36,14 +36,6 @@ def _frag(rid: str, **values: Any) -> RequestFragment:
     return RequestFragment(request_id=rid, source="vllm", fragment_id=f"vllm:{rid}", **fields)
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 @dataclass
 class Journaled:
     writer: Writer
@@ -57,9 +49,7 @@ class Journaled:
 
     def tick(self, seconds: float) -> None:
         """Advance the writer's clock and wake it."""
-        self.clock.t += seconds
-        with self.writer._cond:
-            self.writer._cond.notify_all()
+        tick(self.writer, self.clock, seconds)
 
 
 def _writer(store: Store, journal: Journal, clock: FakeClock, **kw: Any) -> Writer:

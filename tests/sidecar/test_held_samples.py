@@ -38,8 +38,16 @@ class Held:
             cur.close()
 
     def taken(self) -> None:
-        """Wait until the writer has taken everything submitted (held or committed)."""
-        wait_for(lambda: not self.writer._queue, timeout=30, what="the writer to take the queue")
+        """Wait until the writer has handled everything submitted (held or committed): the
+        queue is empty and no batch is in flight (one taken from the queue but not yet held
+        would be held after a tick, on a later interval)."""
+        w = self.writer
+
+        def handled() -> bool:
+            with w._cond:
+                return not w._queue and w._inflight_since is None
+
+        wait_for(handled, timeout=30, what="the writer to handle the queue")
 
     def tick(self, seconds: float) -> None:
         tick(self.writer, self.clock, seconds)

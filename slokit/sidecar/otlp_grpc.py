@@ -21,7 +21,7 @@ from slokit.errors import BadInput
 from slokit.sidecar.connections import Limits
 from slokit.sidecar.otlp_http import bearer_matches
 from slokit.sidecar.otlp_ingest import THREAD_DECODE_BYTES, OtlpIngest, Overloaded
-from slokit.sources.otlp import decode_message, parse_request
+from slokit.sources.otlp import decode_message, parse_spans
 
 METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
@@ -93,9 +93,9 @@ class OtlpGrpcReceiver:
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "message over the limit")
             try:
                 if len(request) >= THREAD_DECODE_BYTES:
-                    msg = await asyncio.to_thread(parse_request, request)
+                    msg = await asyncio.to_thread(parse_spans, request)
                 else:
-                    msg = parse_request(request)
+                    msg = parse_spans(request)
                 decoded = decode_message(msg, default_replica=self.ingest.default_replica)
             except BadInput as exc:
                 code = "INVALID_ARGUMENT"

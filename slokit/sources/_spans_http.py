@@ -40,7 +40,7 @@ from slokit.sources.validate import duration_problem
 from slokit.store._trace_join import TRACE_ONLY_ID
 
 if TYPE_CHECKING:
-    from opentelemetry.proto.trace.v1.trace_pb2 import Span
+    from slokit.sources._otlp_map import MapSpan as Span
 
 #: OTLP ``Span.SpanKind`` INTERNAL (LiteLLM's ``litellm_request``).
 _SPAN_KIND_INTERNAL = 1
@@ -130,14 +130,14 @@ def is_http_span(span: Span) -> bool:
     """Whether a span is a gateway's (kind SERVER, or LiteLLM's INTERNAL ``litellm_request``)
     or a client's (kind CLIENT)."""
     if span.kind == _SPAN_KIND_INTERNAL:
-        return any(kv.key == LITELLM_CALL_ATTR for kv in span.attributes)
+        return LITELLM_CALL_ATTR in span.attributes
     return span.kind in (SPAN_KIND_SERVER, SPAN_KIND_CLIENT)
 
 
 def http_fragment(span: Span, now: float) -> RequestFragment | None:
     """The fragment of a gateway or client span; None when it is neither worth keeping nor
     rejected (no request id and nothing gateway-like)."""
-    attrs = {kv.key: any_value(kv.value) for kv in span.attributes}
+    attrs = {k: any_value(v) for k, v in span.attributes.items()}
     raw_id = _first_string(attrs, REQUEST_ID_ATTRS)
     trace_ok = len(span.trace_id) == 16 and span.trace_id != ZERO_TRACE
     if raw_id is None:
@@ -202,7 +202,7 @@ def routing_fragment(span: Span, now: float) -> RequestFragment | None:
     """A router's routing decision span: a gateway fragment holding only its duration,
     joined to the request by id when it names one, else by trace id; None (skipped) when
     it has no duration."""
-    attrs = {kv.key: any_value(kv.value) for kv in span.attributes}
+    attrs = {k: any_value(v) for k, v in span.attributes.items()}
     raw_id = _first_string(attrs, REQUEST_ID_ATTRS)
     trace_ok = len(span.trace_id) == 16 and span.trace_id != ZERO_TRACE
     if raw_id is not None and not trace_ok:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from slokit.ids import checked_request_id
 from slokit.records import RequestFragment
+from slokit.sources._otlp_map import MapSpan
 from slokit.sources._span_values import (
     INT_FIELDS,
     INT_LIMITS,
@@ -28,7 +29,7 @@ from slokit.sources.validate import (
 )
 
 if TYPE_CHECKING:
-    from opentelemetry.proto.trace.v1.trace_pb2 import Span
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 #: vLLM llm_request attribute -> RequestFragment field.
 _VLLM_ATTRS: dict[str, str] = {
@@ -51,58 +52,61 @@ _VLLM_ATTRS: dict[str, str] = {
 _DURATION_FIELDS = frozenset(f for f in _VLLM_ATTRS.values() if f.endswith("_s"))
 
 
-def vllm_fragment(span: Span, replica: str | None, now: float) -> RequestFragment:
-    """The fragment of an ``llm_request`` span; :class:`SpanRejected` when it cannot be one."""
-    # The hot path of ingest: one pass over the attributes, no per-attribute function calls
-    # for durations (the common case).
+_DURATION, _INT, _TEXT = 0, 1, 2
+#: What is read of an ``llm_request`` span: (attribute, RequestFragment field, how its value
+#: is read). When two attributes name one field (an old and a current semantic-convention
+#: name), the first one present wins.
+_SPECS: tuple[tuple[str, str, int], ...] = tuple(
+    (key, f, _DURATION if f in _DURATION_FIELDS else _INT if f in INT_FIELDS else _TEXT)
+    for key, f in _VLLM_ATTRS.items()
+)
+_DURATION_SPECS = tuple((key, f) for key, f, kind in _SPECS if kind == _DURATION)
+_OTHER_SPECS = tuple(spec for spec in _SPECS if spec[2] != _DURATION)
+_REQUEST_ID = "gen_ai.request.id"
+
+
+def vllm_fragment(span: MapSpan, replica: str | None, now: float) -> RequestFragment:
+    """The fragment of an ``llm_request`` span (its attributes a map:
+    :mod:`slokit.sources._otlp_map`); :class:`SpanRejected` when it cannot be one."""
+    # The hot path of ingest: one map lookup per known attribute, each value read as the type
+    # its field expects (a double for a latency, an int for a token count) without asking the
+    # oneof which it holds; only a zero, empty or out-of-range read (the type's default: the
+    # value may be of another type) takes the general path, _read.
     trace_id = span.trace_id
     if len(trace_id) != 16 or trace_id == ZERO_TRACE:
         raise SpanRejected("empty or malformed trace id")
-    values: dict[str, Any] = {}
-    raw_id = None
-    for kv in span.attributes:
-        key = kv.key
-        if key == "gen_ai.request.id":
-            raw_id = kv.value.string_value
-            continue
-        fname = _VLLM_ATTRS.get(key)
-        if fname is None:
-            continue
-        v = kv.value
-        which = v.WhichOneof("value")
-        x: Any
-        if which == "double_value":
-            x = v.double_value
-        elif which == "int_value":
-            x = v.int_value
-        elif which == "string_value":
-            x = v.string_value
-        else:
-            continue
-        if fname in _DURATION_FIELDS:
-            try:
-                d = float(x)
-            except ValueError:
-                continue  # a malformed value is a missing fact, not a guess
-            if not 0.0 <= d <= MAX_DURATION_S:  # also NaN
-                raise SpanRejected(f"{key} {duration_problem(d)}")
-            values[fname] = d
-        elif fname in INT_FIELDS:
-            if which == "int_value" and 0 <= x <= INT_LIMITS[fname]:
-                values[fname] = x  # the common case
-                continue
-            if which == "string_value":
-                try:
-                    x = int(x)
-                except ValueError:
-                    continue
-            if why := int_problem(x, INT_LIMITS[fname]):
-                raise SpanRejected(f"{key} {why}")
-            values[fname] = int(x)
-        else:
-            values[fname] = str(x)
+    get = span.attributes.get
+    raw = get(_REQUEST_ID)
+    raw_id = raw.string_value if raw is not None else None
     if not raw_id:
         raise SpanRejected("llm_request span without gen_ai.request.id")
+    values: dict[str, Any] = {}
+    for key, fname in _DURATION_SPECS:  # no aliases: each its own field
+        v = get(key)
+        if v is not None:
+            d = v.double_value
+            if d and 0.0 < d <= MAX_DURATION_S:
+                values[fname] = d
+            elif (x := _read(key, fname, _DURATION, v)) is not None:
+                values[fname] = x
+    for key, fname, kind in _OTHER_SPECS:
+        if fname in values:
+            continue
+        v = get(key)
+        if v is None:
+            continue
+        if kind == _INT:
+            n = v.int_value
+            if 0 < n <= INT_LIMITS[fname]:
+                values[fname] = n
+                continue
+        else:
+            text = v.string_value
+            if text:
+                values[fname] = text
+                continue
+        if (x := _read(key, fname, kind, v)) is not None:
+            values[fname] = x
     request_id = checked_request_id(raw_id, from_span=True)
     start_ns = span.start_time_unix_nano
     arrival = start_ns / 1e9 if start_ns else None
@@ -118,3 +122,37 @@ def vllm_fragment(span: Span, replica: str | None, now: float) -> RequestFragmen
         status="error" if span.status.code == STATUS_ERROR else None,
         **values,
     )
+
+
+def _read(key: str, fname: str, kind: int, v: AnyValue) -> str | int | float | None:
+    """An attribute's value as its field's type, whatever type it was sent as: None for a
+    value of the wrong kind (a missing fact), :class:`SpanRejected` for one that cannot be
+    true."""
+    which = v.WhichOneof("value")
+    x: Any
+    if which == "double_value":
+        x = v.double_value
+    elif which == "int_value":
+        x = v.int_value
+    elif which == "string_value":
+        x = v.string_value
+    else:
+        return None
+    if kind == _DURATION:
+        try:
+            d = float(x)
+        except ValueError:
+            return None  # a malformed value is a missing fact, not a guess
+        if not 0.0 <= d <= MAX_DURATION_S:  # also NaN
+            raise SpanRejected(f"{key} {duration_problem(d)}")
+        return d
+    if kind == _INT:
+        if which == "string_value":
+            try:
+                x = int(x)
+            except ValueError:
+                return None
+        if why := int_problem(x, INT_LIMITS[fname]):
+            raise SpanRejected(f"{key} {why}")
+        return int(x)
+    return str(x)

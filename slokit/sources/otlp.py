@@ -47,6 +47,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from slokit.errors import BadInput
 from slokit.ids import InvalidRequestId
 from slokit.records import RequestFragment
+from slokit.sources._otlp_map import ExportTraceServiceRequest as MapExport
 from slokit.sources._span_values import SpanRejected, any_value
 from slokit.sources._spans_http import (
     http_fragment,
@@ -125,13 +126,17 @@ class PayloadTooLarge(BadInput):
     """The (decompressed) body is over the configured limit (HTTP 413)."""
 
 
+_PROTOBUF_TYPES = ("application/x-protobuf", "application/protobuf", "application/octet-stream", "")
+
+
 def parse_request(
     body: bytes, content_type: str = "application/x-protobuf"
 ) -> ExportTraceServiceRequest:
-    """Bytes -> ExportTraceServiceRequest, protobuf or OTLP/JSON by ``content_type``."""
+    """Bytes -> ExportTraceServiceRequest (OpenTelemetry's message, as sent: what a forwarder
+    re-serializes), protobuf or OTLP/JSON by ``content_type``."""
     ct = (content_type or "").split(";")[0].strip().lower()
     msg = ExportTraceServiceRequest()
-    if ct in ("application/x-protobuf", "application/protobuf", "application/octet-stream", ""):
+    if ct in _PROTOBUF_TYPES:
         try:
             msg.ParseFromString(body)
         except (DecodeError, RuntimeError) as exc:
@@ -153,6 +158,22 @@ def parse_request(
             raise BadInput("OTLP JSON nested too deeply") from None
         return msg
     raise UnsupportedMediaType(f"unsupported Content-Type {content_type!r}")
+
+
+def parse_spans(body: bytes, content_type: str = "application/x-protobuf") -> Any:
+    """Bytes -> the decoder's view of an ExportTraceServiceRequest, whose spans' attributes
+    are maps (:mod:`slokit.sources._otlp_map`): what :func:`decode_message` reads. Protobuf
+    is parsed straight into it; OTLP/JSON (whose attributes are lists) by way of
+    :func:`parse_request`. Errors as :func:`parse_request`'s."""
+    ct = (content_type or "").split(";")[0].strip().lower()
+    if ct in _PROTOBUF_TYPES:
+        msg = MapExport()
+        try:
+            msg.ParseFromString(body)
+        except (DecodeError, RuntimeError) as exc:
+            raise BadInput(f"undecodable OTLP protobuf: {exc}") from None
+        return msg
+    return MapExport.FromString(parse_request(body, content_type).SerializeToString())
 
 
 class UnsupportedMediaType(BadInput):
@@ -204,12 +225,13 @@ def _resource_replica(resource: Resource, default: str | None) -> str | None:
 
 
 def decode_message(
-    msg: ExportTraceServiceRequest,
+    msg: Any,
     *,
     default_replica: str | None = None,
     now: float | None = None,
 ) -> DecodedTraces:
-    """Fragments of one export; ``now`` (epoch seconds, default the clock) bounds start times."""
+    """Fragments of one export, as :func:`parse_spans` gives it; ``now`` (epoch seconds,
+    default the clock) bounds start times."""
     out = DecodedTraces()
     frags = out.fragments
     now_s = time.time() if now is None else now
@@ -257,6 +279,4 @@ def decode_traces(
     seconds, default the clock) is what "more than a day ahead" is measured from.
     """
     raw = decompress(body, content_encoding, max_bytes)
-    return decode_message(
-        parse_request(raw, content_type), default_replica=default_replica, now=now
-    )
+    return decode_message(parse_spans(raw, content_type), default_replica=default_replica, now=now)

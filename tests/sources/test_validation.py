@@ -152,7 +152,13 @@ PLAUSIBLE_VLLM = [
     ("gen_ai.request.max_tokens", 2**63 - 1, "max_tokens", 2**63 - 1),
     ("_start_ns", int((NOW + 86400 - 60) * 1e9), "arrival_ts", NOW + 86400 - 60),
     ("_start_ns", 0, "arrival_ts", None),  # unset: a missing fact
+    ("gen_ai.latency.e2e", 2, "e2e_s", 2.0),  # a latency sent as an int, or as text
+    ("gen_ai.latency.e2e", "0.5", "e2e_s", 0.5),
+    ("gen_ai.usage.completion_tokens", 0, "output_tokens", 0),
+    ("gen_ai.response.model", "m-1", "model", "m-1"),
+    ("gen_ai.response.model", 7, "model", "7"),
     ("gen_ai.latency.e2e", "fast", "e2e_s", None),  # wrong type: a missing fact
+    ("gen_ai.latency.e2e", True, "e2e_s", None),
     ("gen_ai.usage.prompt_tokens", "many", "prompt_tokens", None),
     ("gen_ai.usage.prompt_tokens", True, "prompt_tokens", None),
 ]  # fmt: skip

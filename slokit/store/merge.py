@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -205,4 +206,6 @@ def _contains(lists: pa.ChunkedArray, value: str) -> pa.Array:
     """Per row of a list<string> column: does the list hold ``value``."""
     lists = lists.combine_chunks() if isinstance(lists, pa.ChunkedArray) else lists
     rows = pc.list_parent_indices(lists).filter(pc.equal(pc.list_flatten(lists), value))
-    return pc.is_in(pa.array(range(len(lists)), pa.int64()), value_set=rows)
+    mask = np.zeros(len(lists), dtype=bool)
+    mask[rows.to_numpy()] = True
+    return pa.array(mask)

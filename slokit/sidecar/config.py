@@ -7,7 +7,7 @@ Keys (YAML and flags share names; env is ``SLOKIT_`` + upper-case key, lists com
 ``commit_interval_s``, ``journal``, ``sample_commit_interval_s``,
 ``sli_grace_s``, ``sli_interval_s``, ``diagnose_interval_s``, ``ack_timeout_s``,
 ``scrape_timeout_s``, ``db_memory_limit``, ``scrape_sample_limit``, ``scrape_body_limit_bytes``,
-``db_threads``, ``metrics_max_models``, ``metrics_max_replicas``, ``metrics_allow_models``,
+``db_threads``, ``retention_requests``, ``retention_s``, ``metrics_max_models``, ``metrics_max_replicas``, ``metrics_allow_models``,
 ``metrics_allow_replicas``, ``metrics_max_series`` (docs/metrics.md).
 Connection hygiene: ``header_timeout_s``, ``body_timeout_s``, ``idle_timeout_s``,
 ``api_max_connections``, ``otlp_max_connections`` (docs/sidecar.md).
@@ -83,6 +83,11 @@ class SidecarConfig:
     # every second, 5 s held 10 rows per statement instead of 2 (benchmarks/writer_append.py)
     sample_commit_interval_s: float = 5.0
     db_memory_limit: str | None = "128MB"  # DuckDB's buffer pool bound (None: DuckDB's default)
+    # The store keeps at most this many requests, the oldest deleted first (0: all). DuckDB
+    # holds the request tables' indexes in memory, about 330 bytes a request; past
+    # db_memory_limit its commits fail. 150,000: 50 MB of index, flat (slokit.store.retention)
+    retention_requests: int = 150_000
+    retention_s: float = 86_400.0  # and none first seen longer ago than this (0: no age bound)
     # DuckDB's worker threads (0: one per core, DuckDB's default). 1: the sidecar at 200
     # spans/s in exports of 20 used 0.84x the CPU of 0 (13.7-14.0% vs 15.8-17.1% of a core,
     # benchmarks/soak_sidecar.py, taking turns); its queries are over one pod's data
@@ -174,6 +179,14 @@ class SidecarConfig:
                 raise BadInput(f"{key} must be >= {MIN_CONNECTIONS}, got {getattr(self, key)}")
         if self.token is not None:
             check_token(self.token)
+        if self.retention_requests != 0 and self.retention_requests < MIN_RETENTION_REQUESTS:
+            raise BadInput(f"retention_requests must be 0 (keep all) or >= "
+                           f"{MIN_RETENTION_REQUESTS}, got {self.retention_requests}")  # fmt: skip
+        if not math.isfinite(self.retention_s) or (
+            self.retention_s != 0 and self.retention_s < MIN_RETENTION_S
+        ):
+            raise BadInput(f"retention_s must be 0 (no age bound) or >= {MIN_RETENTION_S:g} "
+                           f"seconds, got {self.retention_s}")  # fmt: skip
         if not 0 <= self.db_threads <= 1024:
             raise BadInput(f"db_threads must be 0 (one per core) to 1024, got {self.db_threads}")
         if self.scrape_sample_limit < 0 or self.scrape_body_limit_bytes <= 0:
@@ -194,6 +207,10 @@ class SidecarConfig:
         return self
 
 
+#: The least requests and age the store may be told to keep: what the periodic findings read
+#: (their 15-minute window) must stay.
+MIN_RETENTION_REQUESTS = 1_000
+MIN_RETENTION_S = 900.0
 #: The least connections a listener may be capped at (probes need room beside clients).
 MIN_CONNECTIONS = 8
 _TOKEN_CHARS = re.compile(r"[\x21-\x7e]+")

@@ -86,6 +86,11 @@ class SidecarMetrics:
             "Gateway spans without a request id that never joined a request by trace id "
             "(reason: expired, overflow, no_trace_id).", ["reason"], registry=r,
         )  # fmt: skip
+        self.requests_pruned = Counter(
+            "slokit_requests_pruned_total",
+            "Requests deleted from the store by retention (retention_requests, retention_s).",
+            registry=r,
+        )
         self.otlp_requests = Counter(
             "slokit_otlp_requests_total", "OTLP export requests by response code.",
             ["protocol", "code"], registry=r,

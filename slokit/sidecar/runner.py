@@ -48,6 +48,7 @@ from slokit.sidecar.writer import Writer
 from slokit.store.db import Store, open_store
 from slokit.store.faults import inspect_wal
 from slokit.store.lake_export import ParquetExporter
+from slokit.store.retention import prune_requests
 
 log = logging.getLogger("slokit.sidecar")
 
@@ -122,6 +123,8 @@ def open_store_quarantining(path: str, metrics: SidecarMetrics) -> Store:
     return store
 
 
+#: How often the requests past the retention bounds are deleted (config retention_*).
+RETENTION_INTERVAL_S = 30.0
 #: How far back the sidecar's periodic diagnosis looks from the newest data.
 FINDINGS_WINDOW_S = 900.0
 #: A finding counts as active (slokit_findings_active) while it ended this recently.
@@ -267,9 +270,13 @@ class Sidecar:
         self._periodic("sli", cfg.sli_interval_s, self._sli_tick)
         if cfg.diagnose_interval_s > 0:  # 0: no periodic findings, the analysis stack unloaded
             self._periodic("findings", cfg.diagnose_interval_s, self._findings_tick)
+        exporter = None
         if cfg.parquet_dir:
             exporter = ParquetExporter(cfg.parquet_dir, writer=cfg.replica)  # closed minutes
-            self._periodic("parquet", 10.0, lambda con: exporter.export_closed_minutes(con))
+            lake = exporter
+            self._periodic("parquet", 10.0, lambda con: lake.export_closed_minutes(con))
+        if cfg.retention_requests or cfg.retention_s:
+            self._periodic("retention", RETENTION_INTERVAL_S, lambda _: self._prune(exporter))
         if cfg.db != ":memory:":
             host = split_host_port(cfg.listen)[0]
             host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
@@ -367,6 +374,28 @@ class Sidecar:
     def _sli_tick(self, con: Any) -> None:
         assert self.sli is not None
         self.sli.tick(con)
+
+    def _prune(self, lake: ParquetExporter | None) -> None:
+        """Delete the requests past the retention bounds (slokit.store.retention); with a
+        lake, only those it has written and no longer revisits."""
+        store, cfg = self.store, self.config
+        if store is None or self._stopping.is_set():
+            return
+        keep_from = None
+        if lake is not None:
+            settled = lake.settled_before("requests")
+            keep_from = 0.0 if settled is None else settled  # nothing written yet: keep all
+        pruned = prune_requests(
+            store,
+            now=store.clock(),
+            max_age_s=cfg.retention_s or None,
+            max_requests=cfg.retention_requests or None,
+            keep_arrivals_from=keep_from,
+        )
+        if pruned.requests:
+            self.metrics.requests_pruned.inc(pruned.requests)
+            log.debug("retention: deleted %d requests (%d fragments)", pruned.requests,
+                      pruned.fragments)  # fmt: skip
 
     def _findings_tick(self, con: Any) -> None:
         """Diagnose the recent window, store its findings (``explain`` reads them) and export

@@ -188,6 +188,15 @@ class ParquetExporter:
         tmp.write_text(json.dumps(doc), encoding="utf-8")
         os.replace(tmp, self._state_path)
 
+    def settled_before(self, table: str) -> float | None:
+        """Epoch seconds before which every row of ``table`` (by its time column) is written
+        and no longer revisited: rows the store may delete without the lake losing them. None
+        until this exporter has written or loaded its markers."""
+        st = (self._state or {}).get(table)
+        if st is None or st.through is None:
+            return None
+        return 60.0 * min((st.through, *tuple(st.recent)))
+
     # -- the tick ------------------------------------------------------------------------------
     def export_closed_minutes(self, con: duckdb.DuckDBPyConnection) -> list[str]:
         """Write the closed minutes not yet written and the recent ones that changed; returns

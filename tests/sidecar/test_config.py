@@ -176,3 +176,21 @@ def test_scraped_samples_are_committed_every_five_seconds_unless_told_otherwise(
 def test_a_sample_commit_interval_out_of_range_is_refused(value: str) -> None:
     with pytest.raises(BadInput, match="sample_commit_interval_s"):
         load_config(env={"SLOKIT_SAMPLE_COMMIT_INTERVAL_S": value}).validate()
+
+
+def test_the_store_keeps_150000_requests_and_a_day_unless_told_otherwise() -> None:
+    cfg = load_config(env={}).validate()
+    assert (cfg.retention_requests, cfg.retention_s) == (150_000, 86_400.0)
+    keep_all = {"SLOKIT_RETENTION_REQUESTS": "0", "SLOKIT_RETENTION_S": "0"}
+    cfg = load_config(env=keep_all).validate()
+    assert (cfg.retention_requests, cfg.retention_s) == (0, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("RETENTION_REQUESTS", "999"), ("RETENTION_REQUESTS", "-1"), ("RETENTION_S", "899"),
+     ("RETENTION_S", "-5"), ("RETENTION_S", "nan"), ("RETENTION_S", "inf")],
+)  # fmt: skip
+def test_a_retention_below_what_the_findings_read_is_refused(key: str, value: str) -> None:
+    with pytest.raises(BadInput, match=key.lower()):
+        load_config(env={f"SLOKIT_{key}": value}).validate()

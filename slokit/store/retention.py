@@ -1,0 +1,111 @@
+"""Bounded request history: a long-running store keeps its recent requests, not all of them.
+
+DuckDB holds a table's ART indexes in memory as they grow (random keys, as request, span and
+trace ids are, touch every part of the tree) and counts them against ``memory_limit``. The
+request tables have four such indexes (``requests``'s key; ``request_fragments``'s key, its
+request id and its trace id): about 300 bytes of memory per stored request. A store that keeps
+every request fails its commits once the indexes fill the limit, and a checkpoint that fails
+so invalidates the database until the process restarts: with ``memory_limit`` 128MB after
+about 365,000 requests (30 minutes at 200 req/s). With the oldest requests deleted as new ones
+arrive, the indexes' memory is reused and stays flat (20,000 requests kept while 300,000
+passed through a 32MB limit: 10.2 MB of index throughout).
+
+:func:`prune_requests` deletes, with all their fragments and oldest first, the requests first
+seen (``first_ingested_at``: the store's own clock, not a sender's) before
+``now - max_age_s``, and the oldest beyond the newest ``max_requests`` (ties broken by request
+id). ``keep_arrivals_from`` keeps the requests that arrived at or after it (the Parquet lake's:
+minutes it has not written yet, or may still write again).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from slokit.store.append import run
+
+if TYPE_CHECKING:
+    from slokit.store.db import Store
+
+__all__ = ["PRUNE_CHUNK", "Pruned", "prune_requests"]
+
+#: When a request was first seen; one stored before the column existed counts as the oldest.
+_FIRST_SEEN = "coalesce(first_ingested_at, to_timestamp(0))"
+#: Requests deleted per transaction: a first pass over a big store goes in steps, the writer
+#: getting the store between them.
+PRUNE_CHUNK = 50_000
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """What one :func:`prune_requests` deleted."""
+
+    requests: int = 0
+    fragments: int = 0
+
+
+def prune_requests(
+    store: Store,
+    *,
+    now: float,
+    max_age_s: float | None = None,
+    max_requests: int | None = None,
+    keep_arrivals_from: float | None = None,
+) -> Pruned:
+    """Delete the oldest requests (and their fragments) past either bound (None: no bound);
+    ``now`` is the store's clock, in epoch seconds."""
+    requests = fragments = 0
+    while True:
+        n_req, n_frag = _prune_chunk(store, now, max_age_s, max_requests, keep_arrivals_from)
+        requests += n_req
+        fragments += n_frag
+        if n_req < PRUNE_CHUNK:
+            return Pruned(requests, fragments)
+
+
+def _prune_chunk(
+    store: Store,
+    now: float,
+    max_age_s: float | None,
+    max_requests: int | None,
+    keep_arrivals_from: float | None,
+) -> tuple[int, int]:
+    with store.transaction() as con:
+        lake, lake_params = "true", []
+        if keep_arrivals_from is not None:
+            lake, lake_params = (
+                "(arrival_ts IS NULL OR arrival_ts < to_timestamp(?))",
+                [keep_arrivals_from],
+            )
+        parts: list[str] = []
+        params: list[Any] = []
+        if max_age_s is not None and math.isfinite(max_age_s):
+            parts.append(
+                f"SELECT request_id, {_FIRST_SEEN} AS t FROM requests "
+                f"WHERE {_FIRST_SEEN} < to_timestamp(?) AND {lake}"
+            )
+            params += [now - max_age_s, *lake_params]
+        if max_requests is not None:
+            excess = int(run(con, "SELECT count(*) FROM requests")[0][0]) - max_requests
+            if excess > 0:  # exactly the excess oldest, ties broken by id
+                parts.append(
+                    f"SELECT request_id, t FROM (SELECT request_id, arrival_ts, {_FIRST_SEEN} AS t "
+                    f"FROM requests ORDER BY t, request_id LIMIT ?) WHERE {lake}"
+                )
+                params += [excess, *lake_params]
+        if not parts:
+            return 0, 0
+        slokit_gone = con.sql(  # the DELETEs below read it by name
+            f"SELECT request_id FROM ({' UNION '.join(parts)}) ORDER BY t, request_id LIMIT ?",
+            params=[*params, PRUNE_CHUNK],
+        ).to_arrow_table()
+        if slokit_gone.num_rows == 0:
+            return 0, 0
+        gone = "request_id IN (SELECT request_id FROM slokit_gone)"
+        # execute here, not in a helper: DuckDB finds slokit_gone among the caller's locals
+        fragments = con.execute(f"DELETE FROM request_fragments WHERE {gone}").fetchall()[0][0]
+        requests = con.execute(f"DELETE FROM requests WHERE {gone}").fetchall()[0][0]
+    if store._rows_estimate is not None:
+        store._rows_estimate = max(0, store._rows_estimate - fragments)
+    return int(requests), int(fragments)

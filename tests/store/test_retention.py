@@ -1,0 +1,137 @@
+"""Retention: the store deletes its oldest requests, with all their fragments, past a count or
+an age (by when the store first saw them, on its own clock), never those a lake still needs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slokit.records import RequestFragment
+from slokit.store import retention
+from slokit.store.db import Store, open_store
+from slokit.store.merge import merge_sql
+from slokit.store.retention import prune_requests
+
+T0 = 1_795_958_000.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _frag(rid: str, source: str = "vllm", arrival: float | None = T0) -> RequestFragment:
+    return RequestFragment(
+        rid, source, f"{source}:{rid}", trace_id="ab" * 16, arrival_ts=arrival, ttft_s=0.2
+    )  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def store(tmp_path: Path, clock: Clock) -> Store:
+    s = open_store(tmp_path / "r.duckdb", clock=clock)
+    yield s  # type: ignore[misc]
+    s.close()
+
+
+def _ingest(store: Store, clock: Clock, ids: list[str], at: float, **kw: Any) -> None:
+    """One batch of ``ids`` (a vLLM and a client fragment each) first seen at ``at``."""
+    clock.now = at
+    store.append_fragments([f for r in ids for f in (_frag(r, **kw), _frag(r, "client", **kw))])
+
+
+def _ids(store: Store, table: str) -> list[str]:
+    rows = store.con.execute(f"SELECT DISTINCT request_id FROM {table} ORDER BY 1").fetchall()
+    return [r[0] for r in rows]
+
+
+def test_past_the_count_the_first_seen_are_deleted_with_all_their_fragments(
+    store: Store, clock: Clock
+) -> None:
+    for i in range(5):
+        _ingest(store, clock, [f"r{i}a", f"r{i}b"], T0 + i)
+    pruned = prune_requests(store, now=T0 + 10, max_requests=6)
+    assert (pruned.requests, pruned.fragments) == (4, 8)
+    kept = ["r2a", "r2b", "r3a", "r3b", "r4a", "r4b"]
+    assert _ids(store, "requests") == kept
+    assert _ids(store, "request_fragments") == kept
+
+
+def test_past_the_age_the_first_seen_are_deleted(store: Store, clock: Clock) -> None:
+    _ingest(store, clock, ["old"], T0)
+    _ingest(store, clock, ["new"], T0 + 3600)
+    pruned = prune_requests(store, now=T0 + 3600 + 60, max_age_s=3600)
+    assert pruned.requests == 1
+    assert _ids(store, "requests") == ["new"]
+
+
+def test_a_request_is_as_old_as_its_first_fragment_not_its_last(
+    store: Store, clock: Clock
+) -> None:
+    _ingest(store, clock, ["r"], T0)
+    clock.now = T0 + 3000
+    store.append_fragments([_frag("r", "gateway")])  # a late fragment does not renew it
+    assert prune_requests(store, now=T0 + 3700, max_age_s=3600).fragments == 3
+    assert _ids(store, "request_fragments") == []
+
+
+def test_the_age_is_the_stores_clock_not_the_senders(store: Store, clock: Clock) -> None:
+    _ingest(store, clock, ["skewed"], T0, arrival=T0 - 30 * 86400)  # a sender a month behind
+    assert prune_requests(store, now=T0 + 60, max_age_s=3600).requests == 0
+
+
+def test_within_both_bounds_nothing_is_deleted(store: Store, clock: Clock) -> None:
+    _ingest(store, clock, ["a", "b"], T0)
+    assert prune_requests(store, now=T0 + 1, max_age_s=3600, max_requests=2).requests == 0
+    assert prune_requests(store, now=T0 + 1).requests == 0
+    assert _ids(store, "requests") == ["a", "b"]
+
+
+def test_requests_a_lake_has_not_settled_are_kept(store: Store, clock: Clock) -> None:
+    _ingest(store, clock, ["written"], T0, arrival=T0 - 120)
+    _ingest(store, clock, ["pending"], T0 + 1, arrival=T0)
+    _ingest(store, clock, ["no_arrival"], T0 + 2, arrival=None)  # never exported: prunable
+    pruned = prune_requests(store, now=T0 + 10, max_requests=0, keep_arrivals_from=T0 - 60)
+    assert pruned.requests == 2
+    assert _ids(store, "requests") == ["pending"]
+
+
+def test_a_backlog_is_deleted_in_chunks_to_the_bound(
+    store: Store, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(retention, "PRUNE_CHUNK", 3)
+    _ingest(store, clock, [f"r{i:02d}" for i in range(20)], T0)
+    _ingest(store, clock, ["last"], T0 + 1)
+    assert prune_requests(store, now=T0 + 2, max_requests=1).requests == 20
+    assert _ids(store, "requests") == ["last"]
+
+
+def test_a_kept_request_still_merges_its_late_fragments(store: Store, clock: Clock) -> None:
+    for i in range(3):
+        _ingest(store, clock, [f"r{i}"], T0 + i)
+    prune_requests(store, now=T0 + 5, max_requests=2)
+    clock.now = T0 + 6
+    store.append_fragments([_frag("r2", "gateway")])
+    stored = store.con.execute("SELECT * EXCLUDE (updated_at) FROM requests ORDER BY 1").fetchall()
+    oracle = store.con.execute(
+        f"SELECT * EXCLUDE (updated_at) FROM ({merge_sql('true')}) ORDER BY 1"
+    ).fetchall()
+    assert stored == oracle
+    assert [r[0] for r in stored] == ["r1", "r2"]
+
+
+def test_requests_first_seen_together_are_cut_to_the_count_exactly(
+    store: Store, clock: Clock
+) -> None:
+    _ingest(store, clock, [f"r{i}" for i in range(10)], T0)  # one commit: one first-seen time
+    assert prune_requests(store, now=T0 + 1, max_requests=4).requests == 6
+    assert _ids(store, "requests") == ["r6", "r7", "r8", "r9"]

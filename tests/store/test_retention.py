@@ -74,9 +74,7 @@ def test_past_the_age_the_first_seen_are_deleted(store: Store, clock: Clock) -> 
     assert _ids(store, "requests") == ["new"]
 
 
-def test_a_request_is_as_old_as_its_first_fragment_not_its_last(
-    store: Store, clock: Clock
-) -> None:
+def test_a_request_is_as_old_as_its_first_fragment_not_its_last(store: Store, clock: Clock) -> None:
     _ingest(store, clock, ["r"], T0)
     clock.now = T0 + 3000
     store.append_fragments([_frag("r", "gateway")])  # a late fragment does not renew it

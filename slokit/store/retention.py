@@ -3,12 +3,12 @@
 DuckDB holds a table's ART indexes in memory as they grow (random keys, as request, span and
 trace ids are, touch every part of the tree) and counts them against ``memory_limit``. The
 request tables have four such indexes (``requests``'s key; ``request_fragments``'s key, its
-request id and its trace id): about 300 bytes of memory per stored request. A store that keeps
-every request fails its commits once the indexes fill the limit, and a checkpoint that fails
-so invalidates the database until the process restarts: with ``memory_limit`` 128MB after
-about 365,000 requests (30 minutes at 200 req/s). With the oldest requests deleted as new ones
-arrive, the indexes' memory is reused and stays flat (20,000 requests kept while 300,000
-passed through a 32MB limit: 10.2 MB of index throughout).
+request id and its trace id): about 330 bytes of memory per stored request. A store that keeps
+every request fails a commit once the indexes fill the limit and spilling to disk cannot make
+room, and a checkpoint that fails so invalidates the database until the process restarts
+(``benchmarks/store_memory.py``: after 373,000 requests with ``memory_limit`` 128MB). With the
+oldest requests deleted as new ones arrive, the indexes' memory is reused and stays flat
+(150,000 kept while 700,000 passed through 128MB: 50 MB of index throughout).
 
 :func:`prune_requests` deletes, with all their fragments and oldest first, the requests first
 seen (``first_ingested_at``: the store's own clock, not a sender's) before

@@ -1,9 +1,10 @@
 """What the benchmarks that run a sidecar process share: a free port, starting it and waiting
-until it is ready, and reading its CPU time and RSS from /proc."""
+until it is ready or its writer has drained, and reading its CPU time and RSS from /proc."""
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import time
@@ -43,4 +44,16 @@ def wait_ready(base: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: f
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
             raise SystemExit(f"sidecar did not start; see {log}")
+        time.sleep(0.2)
+
+
+def wait_drained(base: str, timeout_s: float = 60) -> None:
+    """Poll ``base``/metrics until the writer has nothing waiting (``slokit_write_queue_depth``
+    0), or give up after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = httpx.get(f"{base}/metrics").text
+        m = re.search(r"^slokit_write_queue_depth ([0-9.e+]+)$", text, re.M)
+        if m and float(m.group(1)) == 0:
+            return
         time.sleep(0.2)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import duckdb
 import httpx
-from _sidecar import free_port, proc_cpu_s, proc_rss_mb, wait_ready
+from _sidecar import free_port, proc_cpu_s, proc_rss_mb, wait_drained, wait_ready
 from _synth import llm_request_export
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
@@ -215,6 +215,13 @@ def main(argv: list[str]) -> int:
             "db_mb": round(db.stat().st_size / 2**20, 1),
             "rss_series": [(s["t_s"], s["rss_mb"]) for s in samples],
         }
+        # requests retention deleted (retention_requests, retention_s): acknowledged, not lost;
+        # read once the writer has everything, as late before the stop as can be (a prune
+        # tick after this read would count as lost: a false alarm, never a false pass)
+        wait_drained(base)
+        text = httpx.get(f"{base}/metrics").text
+        m = re.search(r"^slokit_requests_pruned_total ([0-9.e+]+)$", text, re.M)
+        result["requests_pruned"] = int(float(m.group(1))) if m else 0
     finally:
         proc.terminate()
         try:
@@ -222,11 +229,13 @@ def main(argv: list[str]) -> int:
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
-    # 0 lost: every acknowledged request is in the file the sidecar left (stopped cleanly)
+    # 0 lost: every acknowledged request is in the file the sidecar left (stopped cleanly), or
+    # was deleted by retention
     with duckdb.connect(str(db), read_only=True) as con:
         row = con.execute("SELECT count(*) FROM requests").fetchone()
     result["requests_stored"] = int(row[0]) if row else 0
-    result["lost"] = max(0, result["requests_acked"] - result["requests_stored"])
+    kept = result["requests_stored"] + result["requests_pruned"]
+    result["lost"] = max(0, result["requests_acked"] - kept)
     summary = {k: v for k, v in result.items() if k != "rss_series"}
     print(json.dumps(summary, indent=2))
     if args.out:

@@ -32,9 +32,10 @@ __all__ = ["PRUNE_CHUNK", "Pruned", "prune_requests"]
 
 #: When a request was first seen; one stored before the column existed counts as the oldest.
 _FIRST_SEEN = "coalesce(first_ingested_at, to_timestamp(0))"
-#: Requests deleted per transaction: a first pass over a big store goes in steps, the writer
-#: getting the store between them.
-PRUNE_CHUNK = 50_000
+#: Requests deleted per transaction, the writer getting the store between them. A delete
+#: costs DuckDB about 37 µs of CPU per request at commit, most of it taking the keys out of
+#: the four indexes (24,000 requests: 0.9 s): 5,000 hold the store about 0.2 s.
+PRUNE_CHUNK = 5_000
 
 
 @dataclass(frozen=True)

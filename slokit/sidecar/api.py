@@ -124,7 +124,10 @@ class Api:
         spec: SloSpec | None = None,
         ready: Callable[[], bool] | None = None,
         ack_timeout_s: float = 30.0,
+        not_found_hint: str | None = None,
     ) -> None:
+        #: Appended to explain's 404: where a request this store no longer holds went.
+        self.not_found_hint = not_found_hint
         self.store = store
         self.writer = writer
         self.metrics = metrics
@@ -208,7 +211,8 @@ class Api:
                 lambda con: explain_request(LocalReader(con), rid, spec=self.spec)
             )
         except NotFound as exc:
-            return _error(404, str(exc))
+            hint = f"; {self.not_found_hint}" if self.not_found_hint else ""
+            return _error(404, f"{exc}{hint}")
         except BadInput as exc:
             return _error(400, str(exc))
         return _json(doc)

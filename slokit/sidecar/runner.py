@@ -123,6 +123,19 @@ def open_store_quarantining(path: str, metrics: SidecarMetrics) -> Store:
     return store
 
 
+def retention_hint(cfg: SidecarConfig) -> str | None:
+    """What explain's 404 adds when the store deletes its oldest requests (None: it keeps all)."""
+    bounds = []
+    if cfg.retention_requests:
+        bounds.append(f"its newest {cfg.retention_requests:,} requests")
+    if cfg.retention_s:
+        bounds.append(f"those first seen in the last {cfg.retention_s:g} s")
+    if not bounds:
+        return None
+    where = "in the lake (parquet_dir)" if cfg.parquet_dir else "gone: no lake (parquet_dir) is set"
+    return f"this sidecar keeps {' and '.join(bounds)} (retention); an older one is {where}"
+
+
 #: How often the requests past the retention bounds are deleted (config retention_*).
 RETENTION_INTERVAL_S = 30.0
 #: How far back the sidecar's periodic diagnosis looks from the newest data.
@@ -225,7 +238,7 @@ class Sidecar:
         )  # fmt: skip
 
         api = Api(store, writer, self.metrics, spec=spec, ready=lambda: self._started,
-                  ack_timeout_s=cfg.ack_timeout_s)  # fmt: skip
+                  ack_timeout_s=cfg.ack_timeout_s, not_found_hint=retention_hint(cfg))  # fmt: skip
         # Each listener's own connection cap, within what the open-file limit allows.
         caps = fit_caps({"api": cfg.api_max_connections,
                          **{k: cfg.otlp_max_connections for k in ("otlp_http", "otlp_grpc")

@@ -7,8 +7,9 @@ Keys (YAML and flags share names; env is ``SLOKIT_`` + upper-case key, lists com
 ``commit_interval_s``, ``journal``, ``sample_commit_interval_s``,
 ``sli_grace_s``, ``sli_interval_s``, ``diagnose_interval_s``, ``ack_timeout_s``,
 ``scrape_timeout_s``, ``db_memory_limit``, ``scrape_sample_limit``, ``scrape_body_limit_bytes``,
-``db_threads``, ``retention_requests``, ``retention_s``, ``metrics_max_models``, ``metrics_max_replicas``, ``metrics_allow_models``,
-``metrics_allow_replicas``, ``metrics_max_series`` (docs/metrics.md).
+``db_threads``, ``retention_requests``, ``retention_s``, ``metrics_max_models``,
+``metrics_max_replicas``, ``metrics_allow_models``, ``metrics_allow_replicas``,
+``metrics_max_series`` (docs/metrics.md).
 Connection hygiene: ``header_timeout_s``, ``body_timeout_s``, ``idle_timeout_s``,
 ``api_max_connections``, ``otlp_max_connections`` (docs/sidecar.md).
 A vLLM or dcgm URL may be given as ``NAME=URL`` to name its replica; a router URL (the llm-d

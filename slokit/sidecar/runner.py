@@ -283,11 +283,10 @@ class Sidecar:
         self._periodic("sli", cfg.sli_interval_s, self._sli_tick)
         if cfg.diagnose_interval_s > 0:  # 0: no periodic findings, the analysis stack unloaded
             self._periodic("findings", cfg.diagnose_interval_s, self._findings_tick)
-        exporter = None
-        if cfg.parquet_dir:
-            exporter = ParquetExporter(cfg.parquet_dir, writer=cfg.replica)  # closed minutes
-            lake = exporter
-            self._periodic("parquet", 10.0, lambda con: lake.export_closed_minutes(con))
+        # the lake: closed minutes as Parquet
+        exporter = ParquetExporter(cfg.parquet_dir, writer=cfg.replica) if cfg.parquet_dir else None
+        if exporter is not None:
+            self._periodic("parquet", 10.0, exporter.export_closed_minutes)
         if cfg.retention_requests or cfg.retention_s:
             self._periodic("retention", RETENTION_INTERVAL_S, lambda _: self._prune(exporter))
         if cfg.db != ":memory:":

@@ -134,14 +134,10 @@ def parse_request(
 ) -> ExportTraceServiceRequest:
     """Bytes -> ExportTraceServiceRequest (OpenTelemetry's message, as sent: what a forwarder
     re-serializes), protobuf or OTLP/JSON by ``content_type``."""
-    ct = (content_type or "").split(";")[0].strip().lower()
-    msg = ExportTraceServiceRequest()
+    ct = _media_type(content_type)
     if ct in _PROTOBUF_TYPES:
-        try:
-            msg.ParseFromString(body)
-        except (DecodeError, RuntimeError) as exc:
-            raise BadInput(f"undecodable OTLP protobuf: {exc}") from None
-        return msg
+        return _parse_protobuf(ExportTraceServiceRequest, body)
+    msg = ExportTraceServiceRequest()
     if ct == "application/json":
         try:
             doc = json.loads(body)
@@ -165,15 +161,23 @@ def parse_spans(body: bytes, content_type: str = "application/x-protobuf") -> An
     are maps (:mod:`slokit.sources._otlp_map`): what :func:`decode_message` reads. Protobuf
     is parsed straight into it; OTLP/JSON (whose attributes are lists) by way of
     :func:`parse_request`. Errors as :func:`parse_request`'s."""
-    ct = (content_type or "").split(";")[0].strip().lower()
-    if ct in _PROTOBUF_TYPES:
-        msg = MapExport()
-        try:
-            msg.ParseFromString(body)
-        except (DecodeError, RuntimeError) as exc:
-            raise BadInput(f"undecodable OTLP protobuf: {exc}") from None
-        return msg
+    if _media_type(content_type) in _PROTOBUF_TYPES:
+        return _parse_protobuf(MapExport, body)
     return MapExport.FromString(parse_request(body, content_type).SerializeToString())
+
+
+def _media_type(content_type: str | None) -> str:
+    return (content_type or "").split(";")[0].strip().lower()
+
+
+def _parse_protobuf(cls: Any, body: bytes) -> Any:
+    """``body`` parsed as a ``cls`` message; BadInput if it is not one."""
+    msg = cls()
+    try:
+        msg.ParseFromString(body)
+    except (DecodeError, RuntimeError) as exc:
+        raise BadInput(f"undecodable OTLP protobuf: {exc}") from None
+    return msg
 
 
 class UnsupportedMediaType(BadInput):

@@ -195,7 +195,7 @@ class ParquetExporter:
         st = (self._state or {}).get(table)
         if st is None or st.through is None:
             return None
-        return 60.0 * min((st.through, *tuple(st.recent)))
+        return 60.0 * min((st.through, *st.recent))
 
     # -- the tick ------------------------------------------------------------------------------
     def export_closed_minutes(self, con: duckdb.DuckDBPyConnection) -> list[str]:

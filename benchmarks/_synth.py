@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import random
+import secrets
+import uuid
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+from slokit.records import RequestFragment
 
 
 def _kv(key: str, value: object) -> KeyValue:
@@ -71,3 +75,26 @@ def llm_request_export(
             ]
         )
     return req.SerializeToString()
+
+
+def new_vllm_fragments(n: int, arrival_ts: float) -> list[RequestFragment]:
+    """``n`` vLLM fragments of new requests, with random request, span and trace ids (as a
+    sidecar's store sees them: every key lands anywhere in its indexes)."""
+    return [
+        RequestFragment(
+            request_id=str(uuid.uuid4()),
+            source="vllm",
+            fragment_id="vllm:" + secrets.token_hex(8),
+            trace_id=secrets.token_hex(16),
+            replica="pod-a",
+            arrival_ts=arrival_ts,
+            ttft_s=0.2,
+            e2e_s=1.0,
+            queue_s=0.01,
+            prefill_s=0.05,
+            decode_s=0.9,
+            prompt_tokens=100,
+            output_tokens=50,
+        )
+        for _ in range(n)
+    ]

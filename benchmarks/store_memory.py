@@ -19,18 +19,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import secrets
 import subprocess
 import sys
 import tempfile
-import uuid
 from pathlib import Path
+
+from _synth import new_vllm_fragments
 
 T0 = 1_795_958_000.0
 
 
 def _fill(db: Path, limit: str, total: int, batch: int, keep: int | None) -> dict[str, object]:
-    from slokit.records import RequestFragment
     from slokit.store.db import open_store
     from slokit.store.retention import prune_requests
 
@@ -40,24 +39,7 @@ def _fill(db: Path, limit: str, total: int, batch: int, keep: int | None) -> dic
     store.con.execute("SET threads = 1")
     n, index_mb, error = 0, [], None
     while n < total:
-        frags = [
-            RequestFragment(
-                request_id=str(uuid.uuid4()),
-                source="vllm",
-                fragment_id="vllm:" + secrets.token_hex(8),
-                trace_id=secrets.token_hex(16),
-                replica="pod-a",
-                arrival_ts=clock[0],
-                ttft_s=0.2,
-                e2e_s=1.0,
-                queue_s=0.01,
-                prefill_s=0.05,
-                decode_s=0.9,
-                prompt_tokens=100,
-                output_tokens=50,
-            )
-            for _ in range(batch)
-        ]
+        frags = new_vllm_fragments(batch, clock[0])
         try:
             store.append_fragments(frags)
             n += batch

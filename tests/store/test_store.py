@@ -92,6 +92,70 @@ def test_upgrading_a_file_stamps_each_request_with_its_first_fragments_time(
     assert rows == [("a", T0), ("lake-only", None)]
 
 
+def _request_tables(con: duckdb.DuckDBPyConnection) -> dict[str, list[tuple[object, ...]]]:
+    return {
+        t: con.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall()
+        for t in ("request_fragments", "requests")
+    }
+
+
+def test_upgrading_to_uncompressed_ids_keeps_every_row_key_and_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "s.duckdb"
+    with monkeypatch.context() as m:  # a file as schema 7 left it
+        m.setattr("slokit.store.db.MIGRATIONS", MIGRATIONS[:7])
+        with open_store(path, clock=lambda: T0) as old:
+            old.append_fragments(
+                [vllm_frag("r1", trace_id="t1"), client_frag("r1"), vllm_frag("r2")]
+            )
+            before = _request_tables(old.con)
+    with open_store(path, clock=lambda: T0 + 60) as store:
+        assert store.schema_version() == 8
+        assert _request_tables(store.con) == before
+        keys = store.con.execute(
+            "SELECT table_name, constraint_column_names FROM duckdb_constraints() "
+            "WHERE constraint_type = 'PRIMARY KEY' AND table_name LIKE 'request%' ORDER BY 1"
+        ).fetchall()
+        assert keys == [("request_fragments", ["fragment_id"]), ("requests", ["request_id"])]
+        indexes = store.con.execute(
+            "SELECT index_name FROM duckdb_indexes() WHERE table_name = 'request_fragments' "
+            "ORDER BY 1"
+        ).fetchall()
+        assert indexes == [("request_fragments_request_id",), ("request_fragments_trace_id",)]
+        res = store.append_fragments([vllm_frag("r1", trace_id="t1"), client_frag("r2")])
+        assert res.new == 1  # the stored copy is known; r2's client fragment is new
+        assert store.con.execute("SELECT count(*) FROM requests").fetchone() == (2,)
+
+
+def test_the_request_tables_indexed_ids_are_stored_uncompressed(tmp_path: Path) -> None:
+    """A deleted row's keys are fetched one row at a time to take them out of the indexes:
+    from a compressed string segment that costs several times more (retention's deletes)."""
+    with open_store(tmp_path / "s.duckdb") as store:
+        store.append_fragments(
+            [
+                vllm_frag(f"req-{i:05d}", fragment_id=f"vllm:{i:05d}", trace_id=f"{i:032x}")
+                for i in range(5000)
+            ]
+        )
+        store.con.execute("CHECKPOINT")
+        rows = store.con.execute(
+            "SELECT DISTINCT column_name, compression FROM pragma_storage_info(?) "
+            "WHERE segment_type = 'VARCHAR' AND column_name IN (?, ?, ?) ORDER BY 1",
+            ["request_fragments", "fragment_id", "request_id", "trace_id"],
+        ).fetchall()
+        assert rows == [
+            ("fragment_id", "Uncompressed"),
+            ("request_id", "Uncompressed"),
+            ("trace_id", "Uncompressed"),
+        ]
+        rows = store.con.execute(
+            "SELECT DISTINCT compression FROM pragma_storage_info('requests') "
+            "WHERE column_name = 'request_id' AND segment_type = 'VARCHAR'"
+        ).fetchall()
+        assert rows == [("Uncompressed",)]
+
+
 def test_a_request_keeps_the_time_its_first_fragment_was_ingested() -> None:
     now = [T0]
     with open_store(":memory:", clock=lambda: now[0]) as store:

@@ -23,6 +23,7 @@ import asyncio
 import copy
 import re
 import socket
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -219,6 +220,8 @@ class PodAnswer:
 @dataclass(frozen=True)
 class _Missing:
     url: str
+    #: What the sidecar says it keeps (its 404's ``retention``): where an older request went.
+    retention: str | None = None
 
 
 @dataclass(frozen=True)
@@ -341,7 +344,7 @@ async def _ask(
         except httpx.HTTPError as exc:
             return Unreachable(url, f"{type(exc).__name__}: {_first_line(exc)}")
     if resp.status_code == 404:
-        return _Missing(url)
+        return _Missing(url, _retention(resp))
     if resp.status_code in (400, 413, 414):
         return _Refused(url, _error_text(resp))
     if resp.status_code != 200:
@@ -353,6 +356,16 @@ async def _ask(
     if not isinstance(doc, dict) or not isinstance(doc.get("sources"), list):
         return Unreachable(url, "answered 200 with something that is not an explain document")
     return PodAnswer(url, doc)
+
+
+def _retention(resp: httpx.Response) -> str | None:
+    """The ``retention`` of a sidecar's 404 (its bounds), if it sent one."""
+    try:
+        body = resp.json()
+    except ValueError:
+        return None
+    hint = body.get("retention") if isinstance(body, dict) else None
+    return hint[:300] if isinstance(hint, str) and hint else None
 
 
 def _error_text(resp: httpx.Response) -> str:
@@ -388,9 +401,11 @@ def _conclude(
         raise BadInput(refused[0].message)
     listed = "".join(f"\n  unreachable {u.url}: {u.error}" for u in unreachable)
     if missing or refused:
+        said = Counter(m.retention for m in missing if m.retention)
+        kept = "".join(f"\n  {n} of them: {hint}" for hint, n in sorted(said.items()))
         raise FleetNotFound(
             f"no request {request_id!r} on any of the {len(missing) + len(refused)} sidecars "
-            f"that answered ({len(asked)} asked){listed}",
+            f"that answered ({len(asked)} asked){kept}{listed}",
             unreachable,
         )
     raise FleetUnreachable(f"none of the {len(asked)} sidecars answered{listed}", unreachable)

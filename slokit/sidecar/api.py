@@ -211,8 +211,10 @@ class Api:
                 lambda con: explain_request(LocalReader(con), rid, spec=self.spec)
             )
         except NotFound as exc:
-            hint = f"; {self.not_found_hint}" if self.not_found_hint else ""
-            return _error(404, f"{exc}{hint}")
+            if not self.not_found_hint:
+                return _error(404, str(exc))
+            body = {"error": f"{exc}; {self.not_found_hint}", "retention": self.not_found_hint}
+            return web.json_response(body, status=404)
         except BadInput as exc:
             return _error(400, str(exc))
         return _json(doc)

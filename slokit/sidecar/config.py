@@ -88,7 +88,9 @@ class SidecarConfig:
     # holds the request tables' indexes in memory, about 330 bytes a request; past
     # db_memory_limit its commits fail. 150,000: 50 MB of index, flat (slokit.store.retention)
     retention_requests: int = 150_000
-    retention_s: float = 86_400.0  # and none first seen longer ago than this (0: no age bound)
+    # ... and none first seen longer ago than this, nor any sample, scrape or finding older
+    # (0: no age bound)
+    retention_s: float = 86_400.0
     # DuckDB's worker threads (0: one per core, DuckDB's default). 1: the sidecar at 200
     # spans/s in exports of 20 used 0.84x the CPU of 0 (13.7-14.0% vs 15.8-17.1% of a core,
     # benchmarks/soak_sidecar.py, taking turns); its queries are over one pod's data

@@ -91,6 +91,11 @@ class SidecarMetrics:
             "Requests deleted from the store by retention (retention_requests, retention_s).",
             registry=r,
         )
+        self.rows_pruned = Counter(
+            "slokit_rows_pruned_total",
+            "Rows of the store's time series (samples, scrapes, findings) deleted by retention "
+            "(retention_s).", ["table"], registry=r,
+        )  # fmt: skip
         self.otlp_requests = Counter(
             "slokit_otlp_requests_total", "OTLP export requests by response code.",
             ["protocol", "code"], registry=r,

@@ -47,8 +47,9 @@ from slokit.sidecar.sli import SliAccountant
 from slokit.sidecar.writer import Writer
 from slokit.store.db import Store, open_store
 from slokit.store.faults import inspect_wal
+from slokit.store.lake_export import TABLES as LAKE_TABLES
 from slokit.store.lake_export import ParquetExporter
-from slokit.store.retention import prune_requests
+from slokit.store.retention import SAMPLE_TABLES, prune_requests, prune_samples
 
 log = logging.getLogger("slokit.sidecar")
 
@@ -388,8 +389,9 @@ class Sidecar:
         self.sli.tick(con)
 
     def _prune(self, lake: ParquetExporter | None) -> None:
-        """Delete the requests past the retention bounds (slokit.store.retention); with a
-        lake, only those it has written and no longer revisits."""
+        """Delete the requests past the retention bounds and the time series' rows older
+        than ``retention_s`` (slokit.store.retention); with a lake, only what it has written
+        and no longer revisits."""
         store, cfg = self.store, self.config
         if store is None or self._stopping.is_set():
             return
@@ -408,6 +410,19 @@ class Sidecar:
             self.metrics.requests_pruned.inc(pruned.requests)
             log.debug("retention: deleted %d requests (%d fragments)", pruned.requests,
                       pruned.fragments)  # fmt: skip
+        if not cfg.retention_s:
+            return
+        lake_keep: dict[str, float] = {}
+        if lake is not None:  # what the lake has not written is kept (nothing yet: all of it)
+            exported = {t.name for t in LAKE_TABLES}
+            for table, _ in SAMPLE_TABLES:
+                if table in exported:
+                    lake_keep[table] = lake.settled_before(table) or 0.0
+        rows = prune_samples(
+            store, now=store.clock(), max_age_s=cfg.retention_s, keep_from=lake_keep
+        )
+        for table, n in rows.items():
+            self.metrics.rows_pruned.labels(table=table).inc(n)
 
     def _findings_tick(self, con: Any) -> None:
         """Diagnose the recent window, store its findings (``explain`` reads them) and export

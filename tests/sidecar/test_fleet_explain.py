@@ -179,6 +179,10 @@ def test_a_request_on_no_pod_exits_3_and_still_lists_the_unreachable(fleet: Flee
     res = CliRunner().invoke(main, ["explain", "r50", "--fleet", fleet.spec, "--token", TOKEN])
     assert res.exit_code == 3
     assert "no request 'r50' on any of the 2 sidecars that answered (4 asked)" in res.output
+    assert (  # what both say they keep: where an older request went
+        "  2 of them: this sidecar keeps its newest 150,000 requests and those first seen in "
+        "the last 86400 s (retention); an older one is gone: no lake (parquet_dir) is set"
+    ) in res.output
     assert f"unreachable {fleet.closed}: ConnectError" in res.output
     assert f"unreachable {fleet.failing}: answered 500" in res.output
 

@@ -3,12 +3,16 @@ its periodic retention, counted in ``slokit_requests_pruned_total``."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import httpx
 import pytest
 from sidecar_harness import StartSidecar, post, relabel, request_ids, wait_for
 
 from slokit.sidecar import runner
 from slokit.sidecar.config import SidecarConfig
+from slokit.store.db import open_store
 
 
 def test_the_oldest_requests_past_retention_requests_are_deleted(
@@ -39,6 +43,7 @@ def test_explaining_a_request_it_no_longer_holds_says_where_it_went(
         "those first seen in the last 3600 s (retention); an older one is gone: no lake "
         "(parquet_dir) is set"
     )
+    assert res.json()["retention"] == runner.retention_hint(sc.sidecar.config)
 
 
 def test_a_sidecar_that_keeps_everything_adds_nothing_to_a_404(
@@ -46,7 +51,7 @@ def test_a_sidecar_that_keeps_everything_adds_nothing_to_a_404(
 ) -> None:
     sc = start_sidecar(retention_requests=0, retention_s=0)
     res = httpx.get(f"{sc.api}/api/explain/gone-1")
-    assert res.json()["error"] == "no request 'gone-1' in the store"
+    assert res.json() == {"error": "no request 'gone-1' in the store"}
 
 
 def test_with_a_lake_the_404_points_to_it() -> None:
@@ -55,3 +60,34 @@ def test_with_a_lake_the_404_points_to_it() -> None:
         "this sidecar keeps its newest 150,000 requests (retention); an older one is in the lake "
         "(parquet_dir)"
     )
+
+
+def test_time_series_rows_older_than_retention_s_are_deleted_and_counted(
+    start_sidecar: StartSidecar, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    db = tmp_path / "old.duckdb"
+    now = time.time()
+    with open_store(db) as store:  # a file the sidecar ran on two hours ago, and one recent row
+        for at in (now - 7200, now - 7100, now - 60):
+            store.con.execute(
+                "INSERT INTO engine_samples (ts, replica, model) VALUES (to_timestamp(?), 'p', 'm')",
+                [at],
+            )
+        store.con.execute(
+            "INSERT INTO scrapes VALUES (to_timestamp(?), 'http://x', 'vllm', 'p', true, 0.1, "
+            "NULL, 12)",
+            [now - 7200],
+        )
+    monkeypatch.setattr(runner, "RETENTION_INTERVAL_S", 0.05)
+    sc = start_sidecar(db=db, retention_s=900)
+    wait_for(
+        lambda: (
+            sc.value("slokit_rows_pruned_total", table="scrapes") >= 1
+            and sc.value("slokit_rows_pruned_total", table="engine_samples") >= 2
+        ),
+        timeout=60,
+        what="the time series pruned",
+    )
+    assert sc.value("slokit_rows_pruned_total", table="engine_samples") == 2
+    rows = sc.committed().con.execute("SELECT epoch(ts) FROM engine_samples").fetchall()
+    assert [round(r[0]) for r in rows] == [round(now - 60)]

@@ -133,3 +133,52 @@ def test_requests_first_seen_together_are_cut_to_the_count_exactly(
     _ingest(store, clock, [f"r{i}" for i in range(10)], T0)  # one commit: one first-seen time
     assert prune_requests(store, now=T0 + 1, max_requests=4).requests == 6
     assert _ids(store, "requests") == ["r6", "r7", "r8", "r9"]
+
+
+# -- the time series: by age alone ---------------------------------------------------------
+
+
+def _one_row_each(store: Store, at: float) -> None:
+    """A row dated ``at`` in each of the store's time series."""
+    con = store.con
+    for sql in (
+        "INSERT INTO engine_samples (ts, replica, model) VALUES (to_timestamp(?), 'pod-a', 'm')",
+        "INSERT INTO gpu_samples (ts, gpu, source) VALUES (to_timestamp(?), '0', 'dcgm')",
+        "INSERT INTO router_samples (ts, router) VALUES (to_timestamp(?), 'epp')",
+        "INSERT INTO scrapes (ts, target, kind, up, samples) "
+        "VALUES (to_timestamp(?), 'http://x', 'vllm', true, 1)",
+        "INSERT INTO findings (rule, severity, confidence, start_ts, end_ts, summary, runbook, "
+        "created_at) VALUES ('r', 'warning', 1, to_timestamp(?1), to_timestamp(?1), 's', 'rb', "
+        "to_timestamp(?1))",
+        "INSERT INTO ingest_rejections VALUES (to_timestamp(?), 'otlp', 'bad', 1, NULL)",
+        "INSERT INTO unjoined_spans VALUES (to_timestamp(?), 'expired', 1)",
+    ):
+        con.execute(sql, [at])
+
+
+def _rows(store: Store) -> dict[str, int]:
+    return {
+        t: int(store.con.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0])
+        for t, _ in retention.SAMPLE_TABLES
+    }
+
+
+def test_the_time_series_rows_past_the_age_are_deleted_and_the_newer_kept(
+    store: Store,
+) -> None:
+    _one_row_each(store, T0 - 3600)
+    _one_row_each(store, T0 - 60)
+    deleted = retention.prune_samples(store, now=T0, max_age_s=900)
+    assert deleted == {t: 1 for t, _ in retention.SAMPLE_TABLES}
+    assert _rows(store) == {t: 1 for t, _ in retention.SAMPLE_TABLES}
+    assert retention.prune_samples(store, now=T0, max_age_s=900) == {}
+
+
+def test_time_series_rows_a_lake_has_not_written_are_kept(store: Store) -> None:
+    _one_row_each(store, T0 - 3600)
+    keep = {"engine_samples": T0 - 7200, "scrapes": T0 - 3600}  # written up to these times
+    deleted = retention.prune_samples(store, now=T0, max_age_s=900, keep_from=keep)
+    assert "engine_samples" not in deleted and "scrapes" not in deleted
+    assert deleted["gpu_samples"] == 1
+    rows = _rows(store)
+    assert rows["engine_samples"] == 1 and rows["scrapes"] == 1 and rows["gpu_samples"] == 0

@@ -49,7 +49,7 @@ from slokit.store.db import Store, open_store
 from slokit.store.faults import inspect_wal
 from slokit.store.lake_export import TABLES as LAKE_TABLES
 from slokit.store.lake_export import ParquetExporter
-from slokit.store.retention import SAMPLE_TABLES, prune_requests, prune_samples
+from slokit.store.retention import SAMPLE_TABLES, prune_requests, prune_samples, skip_vacuum
 
 log = logging.getLogger("slokit.sidecar")
 
@@ -208,6 +208,8 @@ class Sidecar:
                 raise BadInput(f"db_memory_limit {cfg.db_memory_limit!r}: {exc}") from None
         if cfg.db_threads:
             store.con.execute(f"SET threads = {int(cfg.db_threads)}")
+        if cfg.retention_requests or cfg.retention_s:  # pruned oldest first: no dead rows left
+            skip_vacuum(store)
         journal_path = cfg.journal_path()
         journal = None
         if journal_path is not None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sidecar_harness import StartSidecar, post, relabel, request_ids, wait_for
+from sidecar_harness import Running, StartSidecar, post, relabel, request_ids, wait_for
 
 from slokit.sidecar import runner
 from slokit.sidecar.config import SidecarConfig
@@ -91,3 +91,18 @@ def test_time_series_rows_older_than_retention_s_are_deleted_and_counted(
     assert sc.value("slokit_rows_pruned_total", table="engine_samples") == 2
     rows = sc.committed().con.execute("SELECT epoch(ts) FROM engine_samples").fetchall()
     assert [round(r[0]) for r in rows] == [round(now - 60)]
+
+
+def _vacuum_tasks(sc: Running) -> int:
+    store = sc.committed()
+    return int(store.con.execute("SELECT current_setting('max_vacuum_tasks')").fetchall()[0][0])
+
+
+def test_a_sidecar_that_prunes_turns_duckdbs_vacuum_off(start_sidecar: StartSidecar) -> None:
+    assert _vacuum_tasks(start_sidecar(retention_requests=1000, retention_s=0)) == 0
+    assert _vacuum_tasks(start_sidecar(retention_requests=0, retention_s=900)) == 0
+
+
+def test_a_sidecar_that_keeps_everything_keeps_duckdbs_vacuum(start_sidecar: StartSidecar) -> None:
+    """Without pruning, a request merged again leaves a dead row only the vacuum reclaims."""
+    assert _vacuum_tasks(start_sidecar(retention_requests=0, retention_s=0)) > 0

@@ -267,14 +267,17 @@ def test_dcgm_follows_faults_and_kv_use(sim: RunningSim) -> None:
     assert idle["DCGM_FI_DEV_XID_ERRORS"] == 0
     httpx.post(f"{sim.url}/admin/faults", json={"xid": 79, "gpu_clock_ratio": 0.5})
     body = {"prompt": "w " * 2000, "max_tokens": 400, "stream": True}
-    # Sampled while the server says the request is still running: a client that reads its
-    # stream late (a busy machine) must not mistake the idle GPU after the request for load.
+    # Kept only if the server says the request was running both before and after the reading:
+    # a client that reads its stream late (a busy machine) must not mistake the GPU after the
+    # request (KV freed, utilisation still that of the last second) for the GPU under load.
     engine = sim.cluster.replicas[0].core
     during: list[dict[str, float]] = []
     with httpx.stream("POST", f"{sim.url}/v1/completions", json=body) as r:
         for i, _ in enumerate(r.iter_lines()):
-            if i % 40 == 20 and engine.running:
-                during.append(_dcgm(sim))
+            if i % 20 == 10 and engine.running:
+                reading = _dcgm(sim)
+                if engine.running:
+                    during.append(reading)
     assert during, "the request finished before the client read its first lines"
     busy = max(during, key=lambda d: d["DCGM_FI_DEV_GPU_UTIL"])
     assert busy["DCGM_FI_DEV_XID_ERRORS"] == 79

@@ -49,7 +49,7 @@ from slokit.store.db import Store, open_store
 from slokit.store.faults import inspect_wal
 from slokit.store.lake_export import TABLES as LAKE_TABLES
 from slokit.store.lake_export import ParquetExporter
-from slokit.store.retention import SAMPLE_TABLES, prune_requests, prune_samples, skip_vacuum
+from slokit.store.retention import prune_requests, prune_samples, skip_vacuum
 
 log = logging.getLogger("slokit.sidecar")
 
@@ -397,16 +397,15 @@ class Sidecar:
         store, cfg = self.store, self.config
         if store is None or self._stopping.is_set():
             return
-        keep_from = None
-        if lake is not None:
-            settled = lake.settled_before("requests")
-            keep_from = 0.0 if settled is None else settled  # nothing written yet: keep all
+        # per table, what the lake has not written is kept (nothing written yet: all of it)
+        keep = {t.name: lake.settled_before(t.name) or 0.0 for t in LAKE_TABLES} if lake else {}
+        now = store.clock()
         pruned = prune_requests(
             store,
-            now=store.clock(),
+            now=now,
             max_age_s=cfg.retention_s or None,
             max_requests=cfg.retention_requests or None,
-            keep_arrivals_from=keep_from,
+            keep_arrivals_from=keep.get("requests"),
         )
         if pruned.requests:
             self.metrics.requests_pruned.inc(pruned.requests)
@@ -414,15 +413,7 @@ class Sidecar:
                       pruned.fragments)  # fmt: skip
         if not cfg.retention_s:
             return
-        lake_keep: dict[str, float] = {}
-        if lake is not None:  # what the lake has not written is kept (nothing yet: all of it)
-            exported = {t.name for t in LAKE_TABLES}
-            for table, _ in SAMPLE_TABLES:
-                if table in exported:
-                    lake_keep[table] = lake.settled_before(table) or 0.0
-        rows = prune_samples(
-            store, now=store.clock(), max_age_s=cfg.retention_s, keep_from=lake_keep
-        )
+        rows = prune_samples(store, now=now, max_age_s=cfg.retention_s, keep_from=keep)
         for table, n in rows.items():
             self.metrics.rows_pruned.labels(table=table).inc(n)
 

@@ -7,8 +7,8 @@ Missing facts are ``None``, never guessed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple
 
 FragmentSource = Literal["vllm", "gateway", "client", "quality"]
 Severity = Literal["info", "warning", "critical"]
@@ -24,12 +24,15 @@ ERROR_STATUSES: tuple[RequestStatus, ...] = ("error", "timeout", "rejected")
 SOURCE_PRECEDENCE: tuple[str, ...] = ("vllm", "gateway", "client", "quality")
 
 
-@dataclass(slots=True)
-class RequestFragment:
+class RequestFragment(NamedTuple):
     """One source's view of one request; fragments merge into a ``requests`` row.
 
     ``fragment_id`` makes re-ingest idempotent: the same span (or client record) seen twice
     has the same id and is stored once.
+
+    A tuple of its fields in :data:`FRAGMENT_FIELDS` order, immutable (``_replace`` makes a
+    changed copy): the decoders build one per span, and a list of them is what Arrow converts
+    to a table without reading the fields one by one.
     """
 
     request_id: str
@@ -70,7 +73,7 @@ class RequestFragment:
     gateway_routing_s: float | None = None
 
 
-FRAGMENT_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RequestFragment))
+FRAGMENT_FIELDS: tuple[str, ...] = RequestFragment._fields
 
 
 @dataclass(slots=True)

@@ -81,8 +81,6 @@ _SELECT_FRAGMENT_ID = "SELECT fragment_id FROM request_fragments"
 #: late fragments, a re-ingest) before the append path is tried again.
 CHECKED_BATCHES = 16
 _FIELD_GETTERS = [(name, attrgetter(name)) for name in FRAGMENT_FIELDS]
-#: A fragment as a tuple of its fields, in C (one call per fragment, not one per field).
-_FIELDS_TUPLE = attrgetter(*FRAGMENT_FIELDS)
 _TS_POSITIONS = [i for i, n in enumerate(FRAGMENT_FIELDS) if FRAGMENT_TYPES[n] == TS]
 #: The fragment's fields as one struct (timestamps as epoch seconds, converted per column).
 _FRAGMENT_STRUCT = pa.struct(
@@ -131,11 +129,11 @@ def fragments_table(fragments: Sequence[RequestFragment]) -> pa.Table:
     """RequestFragments as an Arrow table, one column per field (BadInput for a value of the
     wrong type, naming the field).
 
-    The fragments go to Arrow as one struct array of tuples, converted in C++ (about 3x faster
-    than a Python list per field); a value the conversion refuses takes the column-by-column
-    path, which names the field."""
+    The fragments (tuples of their fields) go to Arrow as one struct array, converted in C++
+    (about 3x faster than a Python list per field); a value the conversion refuses takes the
+    column-by-column path, which names the field."""
     try:
-        columns = pa.array(list(map(_FIELDS_TUPLE, fragments)), _FRAGMENT_STRUCT).flatten()
+        columns = pa.array(fragments, _FRAGMENT_STRUCT).flatten()
         for i in _TS_POSITIONS:
             columns[i] = _seconds_to_ts(columns[i])
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
@@ -173,7 +171,7 @@ def append_fragment_table(store: Store, table: pa.Table) -> AppendResult:
     for key in _KEYS:
         if table.column(key).null_count:
             raise BadInput(f"request fragments: {table.column(key).null_count} without {key}")
-    batch = _first_per_fragment_id(table.select(list(FRAGMENT_FIELDS)))
+    batch = table.select(list(FRAGMENT_FIELDS))
     try:
         with store._lock:
             return _append_joined(store, batch, n)
@@ -186,6 +184,8 @@ def _append_joined(store: Store, batch: pa.Table, n: int) -> AppendResult:
     """Append ``batch`` with the fragments that join it by trace id (see
     :mod:`slokit.store._trace_join`), then settle those still waiting."""
     batch, trace_only = _trace_join.split(batch)
+    if trace_only is not None:
+        trace_only = _first_per_fragment_id(trace_only)
     res = _trace_join.resolve(store, batch, trace_only)
     if res.joined is not None:
         batch = pa.concat_tables([batch, res.joined.cast(batch.schema)])
@@ -201,9 +201,11 @@ def _append(store: Store, batch: pa.Table, n: int, touched: int) -> AppendResult
     with store._lock:
         if store._checked_batches_left == 0:
             try:
-                return AppendResult(n, _append_all_new(store, batch), touched)
+                distinct = touched == batch.num_rows
+                return AppendResult(n, _append_all_new(store, batch, distinct), touched)
             except duckdb.ConstraintException:
-                pass  # something was stored already: check this batch and the next ones
+                pass  # something was stored already, or the batch repeats a fragment
+        batch = _first_per_fragment_id(batch)
         try:
             new, found = _append_checked(store, batch)
         except duckdb.ConstraintException:  # a fragment_id stored under another request id
@@ -213,10 +215,11 @@ def _append(store: Store, batch: pa.Table, n: int, touched: int) -> AppendResult
         return AppendResult(n, new, touched)
 
 
-def _append_all_new(store: Store, batch: pa.Table) -> int:
-    """The fast path: every fragment and every request of ``batch`` is new (the primary keys
-    raise ConstraintException, and the transaction rolls back, if not)."""
-    merged = merge_batch(batch)
+def _append_all_new(store: Store, batch: pa.Table, distinct: bool | None = None) -> int:
+    """The fast path: every fragment and every request of ``batch`` is new, and no fragment
+    is in it twice (the primary keys raise ConstraintException, and the transaction rolls
+    back, if not). ``distinct``: whether each request has one fragment, if known."""
+    merged = merge_batch(batch, distinct)
     now = store.clock()
     with store.transaction() as con:
         new = _insert_fragments(con, batch, now)

@@ -120,17 +120,20 @@ def _rank_array(source: pa.ChunkedArray, order: tuple[str, ...]) -> pa.Array:
     return pc.fill_null(ranks, len(order))
 
 
-def pick_fragments(batch: pa.Table) -> pa.Table:
+def pick_fragments(batch: pa.Table, distinct: bool | None = None) -> pa.Table:
     """The picked facts of each request in ``batch`` (fragments with distinct fragment ids,
     columns named as RequestFragment), one row per request: ``request_id``, the
     :data:`MERGED_FIELDS` and ``sources``, the relation :func:`derive_sql` reads.
 
     The same rule as :func:`merge_sql`, computed in memory: a request with one fragment
     keeps its values; several fragments of one request are ordered by (source rank,
-    fragment_id) and each field takes the first non-null value."""
+    fragment_id) and each field takes the first non-null value. ``distinct``: whether every
+    request of ``batch`` has one fragment there, if the caller knows (counted if None)."""
     n = batch.num_rows
     source = batch.column("source")
-    if pc.count_distinct(batch.column("request_id")).as_py() == n:
+    if distinct is None:
+        distinct = pc.count_distinct(batch.column("request_id")).as_py() == n
+    if distinct:
         offsets = pa.array(range(n + 1), pa.int32())
         sources = pa.ListArray.from_arrays(offsets, source.combine_chunks())
         same = [batch.column(f) for f in ("request_id", *MERGED_FIELDS)]
@@ -140,12 +143,12 @@ def pick_fragments(batch: pa.Table) -> pa.Table:
     outcome = _first_per_request(
         keyed, _rank_array(source, _OUTCOME_ORDER), _OUTCOME_FIELDS_ORDERED
     )
-    distinct = default.column("source_distinct").to_pylist()
+    source_sets = default.column("source_distinct").to_pylist()
     cols: dict[str, Any] = {"request_id": default.column("request_id")}
     for f in MERGED_FIELDS:
         picked = outcome if f in _OUTCOME_FIELDS else default
         cols[f] = picked.column(f"{f}_first")
-    cols["sources"] = pa.array([sorted(s) for s in distinct], pa.list_(pa.string()))
+    cols["sources"] = pa.array([sorted(s) for s in source_sets], pa.list_(pa.string()))
     return pa.table(cols)
 
 
@@ -161,11 +164,12 @@ def _first_per_request(keyed: pa.Table, rank: pa.Array, fields: tuple[str, ...])
     return grouped.sort_by("request_id")
 
 
-def merge_batch(batch: pa.Table) -> pa.Table:
+def merge_batch(batch: pa.Table, distinct: bool | None = None) -> pa.Table:
     """The ``requests`` rows of the requests in ``batch`` merged from its fragments alone
     (:func:`merge_sql`'s result for requests with no other fragments), in the table's column
-    order, without the bookkeeping the write path adds (``updated_at``, ``first_ingested_at``)."""
-    return derive_arrow(pick_fragments(batch))
+    order, without the bookkeeping the write path adds (``updated_at``, ``first_ingested_at``).
+    ``distinct``: as :func:`pick_fragments`."""
+    return derive_arrow(pick_fragments(batch, distinct))
 
 
 def _micros(seconds: pa.ChunkedArray) -> pa.ChunkedArray:

@@ -286,14 +286,16 @@ def test_beyond_knee_fires_when_arrivals_outgrow_flat_throughput(store: Store, r
     rate = ramp(INCIDENT - 100, END, 2.0, 8.0)
     arrivals = requests(every_s=lambda t: 1 / rate(t), finish=False)
     free_at = T0
+    served = []
     for r in arrivals:  # one server, 0.25 s per request: FIFO
         assert r.arrival_ts is not None
         start = max(r.arrival_ts, free_at)
         free_at = start + 0.25
-        r.queue_s = start - r.arrival_ts
-        r.ttft_s = r.queue_s + (r.prefill_s or 0)
-        r.finish_ts = free_at
-    store.append_fragments(arrivals)
+        queue_s = start - r.arrival_ts
+        served.append(
+            r._replace(queue_s=queue_s, ttft_s=queue_s + (r.prefill_s or 0), finish_ts=free_at)
+        )
+    store.append_fragments(served)
     f = one(run(), "beyond_knee")
     ev = f["evidence"]
     assert ev["capacity_req_s"] == pytest.approx(4.0, abs=0.3)

@@ -7,7 +7,6 @@ steps and the gate, and shown beside the outcome counts.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -116,7 +115,7 @@ def test_a_sweep_step_judges_only_the_answered_requests(spec: SloSpec) -> None:
 
 
 def _renamed(f: RequestFragment, rid: str) -> RequestFragment:
-    return replace(f, request_id=rid, fragment_id=f"client:{rid}")
+    return f._replace(request_id=rid, fragment_id=f"client:{rid}")
 
 
 # --- the gate -------------------------------------------------------------------------------

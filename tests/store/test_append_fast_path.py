@@ -5,7 +5,6 @@ stored fragments."""
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections.abc import Callable
 from pathlib import Path
@@ -205,6 +204,18 @@ def test_a_fragment_id_twice_in_one_batch_keeps_the_first_copy() -> None:
         assert store.con.execute("SELECT ttft_s FROM requests").fetchall() == [(0.3,)]
 
 
+def test_a_batch_that_repeats_its_own_fragment_leaves_the_next_batches_on_the_append_path() -> None:
+    # The repeat is found by the primary key (the append rolls back and the batch is checked),
+    # but nothing of it was stored before: it is not a re-ingest, the next batch is not checked.
+    with open_store(":memory:") as store:
+        store.append_fragments([vllm("r1"), vllm("r2"), vllm("r1", ttft_s=0.9)])
+        assert store._checked_batches_left == 0
+        with patch.object(append, "_append_checked", side_effect=AssertionError("checked")):
+            store.append_fragments([vllm("r3")])
+        assert requests_rows(store.con) == merged_from_fragments(store.con)
+        assert store.con.execute("SELECT count(*) FROM request_fragments").fetchone() == (3,)
+
+
 def test_a_fragment_id_already_stored_keeps_the_stored_copy() -> None:
     with open_store(":memory:") as store:
         store.append_fragments([vllm("r1", ttft_s=0.3)])
@@ -219,7 +230,7 @@ def test_a_fragment_id_already_stored_keeps_the_stored_copy() -> None:
 def test_a_fragment_id_stored_under_another_request_is_ignored_and_the_rest_kept() -> None:
     with open_store(":memory:") as store:
         store.append_fragments([vllm("r1")])
-        reused = dataclasses.replace(vllm("r2"), fragment_id="vllm:r1:0")
+        reused = vllm("r2")._replace(fragment_id="vllm:r1:0")
         res = store.append_fragments([reused, vllm("r3")])
         assert res.new == 1
         assert store.con.execute("SELECT request_id FROM requests ORDER BY 1").fetchall() == [
@@ -258,7 +269,7 @@ def test_a_bad_fragment_is_bad_input_and_its_batch_writes_nothing(
 ) -> None:
     with open_store(":memory:") as store:
         store.append_fragments([vllm("kept")])
-        bad = dataclasses.replace(vllm("r1"), **{field: value})
+        bad = vllm("r1")._replace(**{field: value})
         with pytest.raises(BadInput, match=message):
             store.append_fragments([vllm("r0"), bad])
         assert fragment_ids(store.con) == ["vllm:kept:0"]

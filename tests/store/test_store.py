@@ -269,8 +269,7 @@ def test_histograms_are_stored_beside_the_engine_sample() -> None:
 
 def test_a_failed_append_writes_nothing() -> None:
     with open_store(":memory:") as store:
-        bad = vllm_frag()
-        bad.prompt_tokens = "many"  # type: ignore[assignment]
+        bad = vllm_frag()._replace(prompt_tokens="many")
         with pytest.raises(Exception):  # noqa: B017 - arrow rejects the batch
             store.append_fragments([vllm_frag("r0"), bad])
         assert store.con.execute("SELECT count(*) FROM request_fragments").fetchone() == (0,)

@@ -79,3 +79,14 @@ def test_fragments_that_never_join_are_counted() -> None:
         # the partner arriving after the expiry no longer joins
         store.append_fragments([_vllm()])
         assert _row(store)[0][2] is None
+
+
+def test_a_trace_only_fragment_twice_in_one_batch_waits_and_joins_once() -> None:
+    with open_store(":memory:") as store:
+        store.append_fragments([_gateway(), _gateway()])
+        count = "SELECT count(*) FROM {}"
+        assert store.con.execute(count.format("pending_trace_fragments")).fetchall() == [(1,)]
+        store.append_fragments([_vllm(), _gateway()])
+        assert store.con.execute(count.format("pending_trace_fragments")).fetchall() == [(0,)]
+        assert store.con.execute(count.format("request_fragments")).fetchall() == [(2,)]
+        assert _row(store) == [("r1", "engine-0", 1.25, 1.0, 200, "ok", ["gateway", "vllm"])]

@@ -54,7 +54,6 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import replace
 from itertools import pairwise
 
 from slokit.errors import BadInput
@@ -197,7 +196,7 @@ def parse(text: str, name: str, now: float | None = None) -> list[RequestFragmen
     ]
     if len({f.request_id for f in frags}) < len(frags):
         frags = [
-            replace(f, request_id=f"{prefix}-{i}", fragment_id=f"client:{prefix}-{i}")
+            f._replace(request_id=f"{prefix}-{i}", fragment_id=f"client:{prefix}-{i}")
             for i, f in enumerate(frags)
         ]
     return v.unique(frags, name)

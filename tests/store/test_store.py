@@ -13,6 +13,7 @@ import pytest
 
 from slokit.errors import BadInput, StoreBusy
 from slokit.records import EngineSample, HistogramSnapshot, RequestFragment
+from slokit.store._trace_join import TRACE_ONLY_ID
 from slokit.store.db import open_store
 from slokit.store.migrations import MIGRATIONS
 
@@ -110,6 +111,7 @@ def test_upgrading_to_uncompressed_ids_keeps_every_row_key_and_index(
                 [vllm_frag("r1", trace_id="t1"), client_frag("r1"), vllm_frag("r2")]
             )
             before = _request_tables(old.con)
+    monkeypatch.setattr("slokit.store.db.MIGRATIONS", MIGRATIONS[:8])
     with open_store(path, clock=lambda: T0 + 60) as store:
         assert store.schema_version() == 8
         assert _request_tables(store.con) == before
@@ -126,6 +128,53 @@ def test_upgrading_to_uncompressed_ids_keeps_every_row_key_and_index(
         res = store.append_fragments([vllm_frag("r1", trace_id="t1"), client_frag("r2")])
         assert res.new == 1  # the stored copy is known; r2's client fragment is new
         assert store.con.execute("SELECT count(*) FROM requests").fetchone() == (2,)
+
+
+def _trace_indexes(con: duckdb.DuckDBPyConnection) -> list[tuple[object, ...]]:
+    return con.execute(
+        "SELECT index_name FROM duckdb_indexes() WHERE index_name = 'request_fragments_trace_id'"
+    ).fetchall()
+
+
+def _gateway_of_trace(trace_id: str) -> RequestFragment:
+    """A gateway span that names no request id: it joins the request of its trace."""
+    return RequestFragment(
+        TRACE_ONLY_ID, "gateway", "gateway:g1", trace_id=trace_id, gateway_e2e_s=1.5
+    )
+
+
+def test_a_store_builds_its_trace_id_index_when_a_fragment_first_joins_by_trace(
+    tmp_path: Path,
+) -> None:
+    with open_store(tmp_path / "s.duckdb") as store:
+        store.append_fragments([vllm_frag("r1", trace_id="ab" * 16), client_frag("r2")])
+        assert _trace_indexes(store.con) == []  # nothing looked up by trace: none kept
+        store.append_fragments([_gateway_of_trace("ab" * 16)])
+        assert _trace_indexes(store.con) == [("request_fragments_trace_id",)]
+        assert store.con.execute(
+            "SELECT gateway_e2e_s FROM requests WHERE request_id = 'r1'"
+        ).fetchall() == [(1.5,)]
+
+
+def test_upgrading_to_schema_9_drops_the_trace_id_index_and_a_trace_join_builds_it_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "s.duckdb"
+    with monkeypatch.context() as m:  # a file as schema 8 left it
+        m.setattr("slokit.store.db.MIGRATIONS", MIGRATIONS[:8])
+        with open_store(path) as old:
+            old.append_fragments([vllm_frag("r1", trace_id="cd" * 16)])
+            assert _trace_indexes(old.con) == [("request_fragments_trace_id",)]
+    with open_store(path) as store:
+        assert store.schema_version() == 9
+        assert _trace_indexes(store.con) == []
+        store.append_fragments([_gateway_of_trace("cd" * 16)])
+        assert _trace_indexes(store.con) == [("request_fragments_trace_id",)]
+        assert store.con.execute("SELECT request_id, sources FROM requests").fetchall() == [
+            ("r1", ["gateway", "vllm"])
+        ]
+    with open_store(path) as reopened:  # kept in the file from then on
+        assert _trace_indexes(reopened.con) == [("request_fragments_trace_id",)]
 
 
 def test_the_request_tables_indexed_ids_are_stored_uncompressed(tmp_path: Path) -> None:

@@ -58,7 +58,7 @@ SAMPLE_TABLES: tuple[tuple[str, str], ...] = (
 _FIRST_SEEN = "coalesce(first_ingested_at, to_timestamp(0))"
 #: Requests deleted per transaction, the writer getting the store between them. From a store
 #: of 150,000 a chunk costs about 14 µs of CPU per request: choosing them 5, the deletes 3,
-#: taking their keys out of the four indexes at commit 5 (37 before schema 8 stored the ids
+#: taking their keys out of the indexes at commit 5 (37 before schema 8 stored the ids
 #: uncompressed): 5,000 hold the store about 70 ms.
 PRUNE_CHUNK = 5_000
 

@@ -5,10 +5,11 @@ per row), so a commit should touch as few tables with as few statements as it ca
 
 - Fragments: the common case is a request seen for the first time. Its fragments are merged in
   memory (:func:`slokit.store.merge.merge_batch`) and a commit is two appends, one to
-  ``request_fragments`` and one to ``requests``, optimistically: a fragment already stored or a
-  request that already has a row violates a primary key, the transaction rolls back and the
-  batch takes the checked path. That one reads the fragments stored for the batch's requests
-  (an index lookup), appends the batch's new fragments, and replaces those requests' rows with
+  ``request_fragments`` and one to ``requests``, optimistically: a fragment already stored, a
+  fragment twice in the batch (a resent span) or a request that already has a row violates a
+  primary key, the transaction rolls back and the batch takes the checked path. That one keeps
+  the first copy of each fragment, reads the fragments stored for the batch's requests (an
+  index lookup), appends the batch's new fragments, and replaces those requests' rows with
   the merge of all their fragments, in memory too. After a batch that met stored fragments the
   next :data:`CHECKED_BATCHES` batches go the checked way at once, so a re-ingest or a stream of
   late fragments does not pay twice.

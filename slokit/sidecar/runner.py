@@ -145,6 +145,10 @@ FINDINGS_WINDOW_S = 900.0
 FINDINGS_ACTIVE_S = 60.0
 #: While stopping, how often the queries of periodic work still running are interrupted.
 STOP_POLL_S = 0.1
+#: While stopping, how long one component (a receiver, the scraper, the forwarder) may take to
+#: stop before the sidecar goes on without it: grpc.aio's server stop can fail to return (a
+#: known grpc bug), and what was acknowledged is still committed and the store closed.
+STOP_COMPONENT_S = 15.0
 
 
 class Sidecar:
@@ -480,8 +484,7 @@ class Sidecar:
                 await runner.cleanup()
             self._runners.clear()
             for stop in reversed(self._stoppables):
-                with contextlib.suppress(Exception):
-                    await stop()
+                await _stop_component(stop)
             self._stoppables.clear()
         finally:
             if self.writer is not None:
@@ -514,6 +517,21 @@ class Sidecar:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+async def _stop_component(stop: Callable[[], Awaitable[None]]) -> None:
+    """``stop()``, given up after :data:`STOP_COMPONENT_S` (cancelled, not waited for: a stop
+    that ignores cancelling cannot hold the sidecar either) and logged; its errors are logged,
+    not raised, so the components after it still stop."""
+    name = getattr(stop, "__qualname__", repr(stop))
+    task = asyncio.ensure_future(stop())
+    done, _ = await asyncio.wait({task}, timeout=STOP_COMPONENT_S)
+    if not done:
+        task.cancel()
+        log.error("stopping: %s did not stop in %.0f s; going on without it", name,
+                  STOP_COMPONENT_S)  # fmt: skip
+    elif (exc := task.exception()) is not None:
+        log.error("stopping: %s failed: %s", name, exc)
 
 
 def run(config: SidecarConfig) -> None:

@@ -3,6 +3,7 @@ store closes after it, and nothing acknowledged is lost."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -76,5 +77,37 @@ def test_periodic_work_that_runs_several_queries_ends_at_the_next_one(tmp_path: 
         assert running.wait(60), "the periodic task never ran"
         lt.call(sc.stop(), timeout=120)
         assert interrupted == [0, 1, 2]
+    finally:
+        lt.close()
+
+
+def test_a_component_that_never_stops_does_not_keep_the_store_open(
+    tmp_path: Path, monkeypatch: Any, caplog: Any
+) -> None:
+    """grpc.aio's server stop can fail to return: the sidecar goes on without it after
+    STOP_COMPONENT_S, and still stops the components after it and closes its store."""
+    monkeypatch.setattr("slokit.sidecar.runner.STOP_COMPONENT_S", 0.2)
+    lt = LoopThread()
+    sc = _sidecar(tmp_path)
+    stopped: list[str] = []
+
+    async def never() -> None:
+        await asyncio.Event().wait()
+
+    async def fails() -> None:
+        raise RuntimeError("boom")
+
+    async def fine() -> None:
+        stopped.append("fine")
+
+    try:
+        lt.call(sc.start())
+        sc._stoppables[:0] = [fine]  # stopped last (in reverse), after the two others
+        sc._stoppables += [never, fails]
+        with caplog.at_level("ERROR", logger="slokit.sidecar"):
+            lt.call(sc.stop(), timeout=120)
+        assert stopped == ["fine"] and sc.store is None
+        text = caplog.text
+        assert "never did not stop" in text and "fails failed: boom" in text
     finally:
         lt.close()

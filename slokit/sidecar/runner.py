@@ -530,6 +530,8 @@ async def _stop_component(stop: Callable[[], Awaitable[None]]) -> None:
         task.cancel()
         log.error("stopping: %s did not stop in %.0f s; going on without it", name,
                   STOP_COMPONENT_S)  # fmt: skip
+    elif task.cancelled():  # its stop ended by cancelling itself: exception() would raise
+        log.error("stopping: %s was cancelled", name)
     elif (exc := task.exception()) is not None:
         log.error("stopping: %s failed: %s", name, exc)
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
-from weakref import WeakKeyDictionary
+from weakref import WeakKeyDictionary, WeakSet
 
 import duckdb
 import pyarrow as pa
@@ -64,19 +64,19 @@ _pending_rows: WeakKeyDictionary[Store, int] = WeakKeyDictionary()
 #: The index of ``request_fragments.trace_id`` (schema 9: built on first use).
 TRACE_INDEX = "request_fragments_trace_id"
 #: Stores whose trace-id index is known to exist.
-_indexed: WeakKeyDictionary[Store, bool] = WeakKeyDictionary()
+_indexed: WeakSet[Store] = WeakSet()
 
 
 def ensure_trace_index(store: Store) -> None:
     """Build ``request_fragments``'s trace-id index if the file has none yet (once: DuckDB
     builds it from the stored rows in one pass, then keeps it up to date)."""
-    if _indexed.get(store):
+    if store in _indexed:
         return
     con = store.con
     sql = "SELECT count(*) FROM duckdb_indexes() WHERE index_name = ?"
     if not con.execute(sql, [TRACE_INDEX]).fetchall()[0][0]:
         con.execute(f"CREATE INDEX {TRACE_INDEX} ON request_fragments (trace_id)").fetchall()
-    _indexed[store] = True
+    _indexed.add(store)
 
 
 @dataclass

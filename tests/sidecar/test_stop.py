@@ -111,3 +111,30 @@ def test_a_component_that_never_stops_does_not_keep_the_store_open(
         assert "never did not stop" in text and "fails failed: boom" in text
     finally:
         lt.close()
+
+
+def test_a_component_whose_stop_cancels_itself_does_not_skip_the_others(
+    tmp_path: Path, caplog: Any
+) -> None:
+    """A stop that ends by raising CancelledError (a server cancelling its own tasks) is
+    logged; the components after it still stop and the store closes."""
+    lt = LoopThread()
+    sc = _sidecar(tmp_path)
+    stopped: list[str] = []
+
+    async def cancels_itself() -> None:
+        raise asyncio.CancelledError
+
+    async def fine() -> None:
+        stopped.append("fine")
+
+    try:
+        lt.call(sc.start())
+        sc._stoppables[:0] = [fine]  # stopped last (in reverse), after the one that cancels
+        sc._stoppables.append(cancels_itself)
+        with caplog.at_level("ERROR", logger="slokit.sidecar"):
+            lt.call(sc.stop(), timeout=120)
+        assert stopped == ["fine"] and sc.store is None
+        assert "cancels_itself was cancelled" in caplog.text
+    finally:
+        lt.close()

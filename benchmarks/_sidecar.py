@@ -27,10 +27,19 @@ def proc_cpu_s(pid: int) -> float:
 
 
 def proc_rss_mb(pid: int) -> float:
+    return proc_rss_parts_mb(pid).get("VmRSS", float("nan"))
+
+
+def proc_rss_parts_mb(pid: int) -> dict[str, float]:
+    """``VmRSS`` and its parts: ``RssAnon`` (the process's own memory: heaps, DuckDB's
+    buffers) and ``RssFile`` (pages of mapped files, mostly shared libraries: clean, shared
+    with the page cache, and dropped by the kernel under memory pressure)."""
+    parts = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
+            parts[key] = int(value.split()[0]) / 1024
+    return parts
 
 
 def wait_ready(base: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 60) -> None:

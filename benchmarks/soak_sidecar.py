@@ -30,7 +30,7 @@ from pathlib import Path
 
 import duckdb
 import httpx
-from _sidecar import free_port, proc_cpu_s, proc_rss_mb, wait_drained, wait_ready
+from _sidecar import free_port, proc_cpu_s, proc_rss_parts_mb, wait_drained, wait_ready
 from _synth import llm_request_export
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
@@ -173,8 +173,11 @@ def main(argv: list[str]) -> int:
         while (elapsed := time.monotonic() - t0) < args.duration:
             time.sleep(min(5.0, args.duration - elapsed))
             elapsed = time.monotonic() - t0
-            cpu, rss = proc_cpu_s(proc.pid), proc_rss_mb(proc.pid)
-            samples.append({"t_s": round(elapsed, 1), "cpu_s": cpu, "rss_mb": round(rss, 1)})
+            cpu, rss = proc_cpu_s(proc.pid), proc_rss_parts_mb(proc.pid)
+            samples.append({"t_s": round(elapsed, 1), "cpu_s": cpu,
+                            "rss_mb": round(rss["VmRSS"], 1),
+                            "anon_mb": round(rss["RssAnon"], 1),
+                            "file_mb": round(rss["RssFile"], 1)})  # fmt: skip
             text = httpx.get(f"{base}/metrics").text
             m = re.search(r"^slokit_ingest_lag_seconds ([0-9.e+-]+)$", text, re.M)
             if m:
@@ -186,7 +189,9 @@ def main(argv: list[str]) -> int:
             s.join(30)
         end_cpu, end_t = proc_cpu_s(proc.pid), time.monotonic()
         after = [s for s in samples if s["t_s"] >= warmup]
-        rss_after = [s["rss_mb"] for s in after] or [samples[-1]["rss_mb"]]
+        after = after or samples[-1:]
+        rss_after = [s["rss_mb"] for s in after]
+        anon_after = [s["anon_mb"] for s in after]
         steady = latencies[warm_lat:]
         assert warm_cpu is not None and warm_t is not None
         result = {
@@ -207,13 +212,20 @@ def main(argv: list[str]) -> int:
                 "last": rss_after[-1],
             },
             "rss_drift": round((rss_after[-1] - rss_after[0]) / rss_after[0], 4),
+            # of it, the process's own memory (file pages: shared libraries, see _sidecar)
+            "rss_anon_mb_after_warmup": {
+                "first": anon_after[0],
+                "max": max(anon_after),
+                "last": anon_after[-1],
+            },
+            "rss_file_mb_last": after[-1]["file_mb"],
             "ack_latency_s": {
                 "p50": round(statistics.median(steady), 4) if steady else None,
                 "p99": round(_pct(steady, 0.99), 4),
             },
             "ingest_lag_gauge_s_p99": round(_pct(lag, 0.99), 4),
             "db_mb": round(db.stat().st_size / 2**20, 1),
-            "rss_series": [(s["t_s"], s["rss_mb"]) for s in samples],
+            "rss_series": [(s["t_s"], s["rss_mb"], s["anon_mb"]) for s in samples],
         }
         # requests retention deleted (retention_requests, retention_s): acknowledged, not lost;
         # read once the writer has everything, as late before the stop as can be (a prune

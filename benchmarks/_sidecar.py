@@ -34,10 +34,10 @@ def proc_rss_parts_mb(pid: int) -> dict[str, float]:
     """``VmRSS`` and its parts: ``RssAnon`` (the process's own memory: heaps, DuckDB's
     buffers) and ``RssFile`` (pages of mapped files, mostly shared libraries: clean, shared
     with the page cache, and dropped by the kernel under memory pressure)."""
-    parts = {}
+    parts: dict[str, float] = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         key, _, value = line.partition(":")
-        if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
+        if key in ("VmRSS", "RssAnon", "RssFile"):
             parts[key] = int(value.split()[0]) / 1024
     return parts
 

@@ -81,15 +81,34 @@ def test_periodic_work_that_runs_several_queries_ends_at_the_next_one(tmp_path: 
         lt.close()
 
 
+def _stop_beside(tmp_path: Path, caplog: Any, *components: Any) -> tuple[list[str], Sidecar]:
+    """Start a sidecar, give it ``components`` to stop (in reverse, as it stops its own) and,
+    stopped after all of them, one that records its stop; stop the sidecar. Returns what the
+    last one recorded (``["last"]`` once it stopped) and the stopped sidecar."""
+    lt = LoopThread()
+    sc = _sidecar(tmp_path)
+    stopped: list[str] = []
+
+    async def last() -> None:
+        stopped.append("last")
+
+    try:
+        lt.call(sc.start())
+        sc._stoppables[:0] = [last]
+        sc._stoppables += components
+        with caplog.at_level("ERROR", logger="slokit.sidecar"):
+            lt.call(sc.stop(), timeout=120)
+    finally:
+        lt.close()
+    return stopped, sc
+
+
 def test_a_component_that_never_stops_does_not_keep_the_store_open(
     tmp_path: Path, monkeypatch: Any, caplog: Any
 ) -> None:
     """grpc.aio's server stop can fail to return: the sidecar goes on without it after
     STOP_COMPONENT_S, and still stops the components after it and closes its store."""
     monkeypatch.setattr("slokit.sidecar.runner.STOP_COMPONENT_S", 0.2)
-    lt = LoopThread()
-    sc = _sidecar(tmp_path)
-    stopped: list[str] = []
 
     async def never() -> None:
         await asyncio.Event().wait()
@@ -97,20 +116,9 @@ def test_a_component_that_never_stops_does_not_keep_the_store_open(
     async def fails() -> None:
         raise RuntimeError("boom")
 
-    async def fine() -> None:
-        stopped.append("fine")
-
-    try:
-        lt.call(sc.start())
-        sc._stoppables[:0] = [fine]  # stopped last (in reverse), after the two others
-        sc._stoppables += [never, fails]
-        with caplog.at_level("ERROR", logger="slokit.sidecar"):
-            lt.call(sc.stop(), timeout=120)
-        assert stopped == ["fine"] and sc.store is None
-        text = caplog.text
-        assert "never did not stop" in text and "fails failed: boom" in text
-    finally:
-        lt.close()
+    stopped, sc = _stop_beside(tmp_path, caplog, never, fails)
+    assert stopped == ["last"] and sc.store is None
+    assert "never did not stop" in caplog.text and "fails failed: boom" in caplog.text
 
 
 def test_a_component_whose_stop_cancels_itself_does_not_skip_the_others(
@@ -118,23 +126,10 @@ def test_a_component_whose_stop_cancels_itself_does_not_skip_the_others(
 ) -> None:
     """A stop that ends by raising CancelledError (a server cancelling its own tasks) is
     logged; the components after it still stop and the store closes."""
-    lt = LoopThread()
-    sc = _sidecar(tmp_path)
-    stopped: list[str] = []
 
     async def cancels_itself() -> None:
         raise asyncio.CancelledError
 
-    async def fine() -> None:
-        stopped.append("fine")
-
-    try:
-        lt.call(sc.start())
-        sc._stoppables[:0] = [fine]  # stopped last (in reverse), after the one that cancels
-        sc._stoppables.append(cancels_itself)
-        with caplog.at_level("ERROR", logger="slokit.sidecar"):
-            lt.call(sc.stop(), timeout=120)
-        assert stopped == ["fine"] and sc.store is None
-        assert "cancels_itself was cancelled" in caplog.text
-    finally:
-        lt.close()
+    stopped, sc = _stop_beside(tmp_path, caplog, cancels_itself)
+    assert stopped == ["last"] and sc.store is None
+    assert "cancels_itself was cancelled" in caplog.text

@@ -28,7 +28,7 @@ class RequestFragment(NamedTuple):
     """One source's view of one request; fragments merge into a ``requests`` row.
 
     ``fragment_id`` makes re-ingest idempotent: the same span (or client record) seen twice
-    has the same id and is stored once.
+    has the same id and is stored once per request id it names.
 
     A tuple of its fields in :data:`FRAGMENT_FIELDS` order, immutable (``_replace`` makes a
     changed copy): the decoders build one per span, and a list of them is what Arrow converts

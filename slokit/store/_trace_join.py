@@ -187,14 +187,20 @@ def _partners(con: duckdb.DuckDBPyConnection, batch: pa.Table, traces: set[str])
 
 
 def _stored(
-    con: duckdb.DuckDBPyConnection, fids: list[str], table: str = "request_fragments"
+    con: duckdb.DuckDBPyConnection,
+    fids: list[str],
+    traces: list[str],
+    table: str = "request_fragments",
 ) -> set[str]:
-    """Which of ``fids`` ``table`` holds (looked up by its primary key or a small scan)."""
-    found: set[str] = set()
-    for i in range(0, len(fids), _CHUNK):
-        consts = sql_string_list(fids[i : i + _CHUNK])
-        sql = f"SELECT fragment_id FROM {table} WHERE fragment_id IN ({consts})"
-        found.update(r[0] for r in con.execute(sql).fetchall())
+    """Which of ``fids`` (fragments of ``traces``) ``table`` holds, under any request id: the
+    rows of those traces (through ``request_fragments``'s trace-id index: fragment ids have
+    none, and DuckDB uses one index per scan) whose fragment id is one of ``fids``."""
+    wanted, found = set(fids), set[str]()
+    distinct = sorted(set(traces))
+    for i in range(0, len(distinct), _CHUNK):
+        consts = sql_string_list(distinct[i : i + _CHUNK])
+        sql = f"SELECT fragment_id FROM {table} WHERE trace_id IN ({consts})"
+        found.update(r[0] for r in con.execute(sql).fetchall() if r[0] in wanted)
     return found
 
 
@@ -206,10 +212,13 @@ def settle(store: Store, res: Resolution, insert: InsertFragments) -> dict[str, 
     if res.waiting is None and not res.consumed and not counts and not _pending_count(store, con):
         return {}
     now = store.clock()
+    if res.waiting is not None or _pending_count(store, con):
+        ensure_trace_index(store)  # the lookups below go by trace id
     with store.transaction() as con:
         if res.waiting is not None:
             fids = res.waiting["fragment_id"].to_pylist()
-            known = _stored(con, fids) | _stored(con, fids, _PENDING)
+            traces = res.waiting["trace_id"].to_pylist()
+            known = _stored(con, fids, traces) | _stored(con, fids, traces, _PENDING)
             fresh = res.waiting.filter(
                 pc.invert(
                     pc.is_in(
@@ -225,16 +234,13 @@ def settle(store: Store, res: Resolution, insert: InsertFragments) -> dict[str, 
             ).fetchall()
         cutoff = [now - PENDING_MAX_AGE_S]
         old = "ingested_at < to_timestamp(?)"
-        aged = [
-            r[0]
-            for r in con.execute(
-                f"SELECT fragment_id FROM {_PENDING} WHERE {old}", cutoff
-            ).fetchall()
-        ]
+        aged = con.execute(
+            f"SELECT fragment_id, trace_id FROM {_PENDING} WHERE {old}", cutoff
+        ).fetchall()
         if aged:
             con.execute(f"DELETE FROM {_PENDING} WHERE {old}", cutoff).fetchall()
             # Joined before a crash and left over here: not unjoined.
-            joined = _stored(con, aged)
+            joined = _stored(con, [r[0] for r in aged], [r[1] for r in aged])
             if len(aged) > len(joined):
                 counts["expired"] = len(aged) - len(joined)
         rows = int(con.execute(f"SELECT count(*) FROM {_PENDING}").fetchall()[0][0])

@@ -5,14 +5,16 @@ per row), so a commit should touch as few tables with as few statements as it ca
 
 - Fragments: the common case is a request seen for the first time. Its fragments are merged in
   memory (:func:`slokit.store.merge.merge_batch`) and a commit is two appends, one to
-  ``request_fragments`` and one to ``requests``, optimistically: a fragment already stored, a
-  fragment twice in the batch (a resent span) or a request that already has a row violates a
-  primary key, the transaction rolls back and the batch takes the checked path. That one keeps
-  the first copy of each fragment, reads the fragments stored for the batch's requests (an
-  index lookup), appends the batch's new fragments, and replaces those requests' rows with
-  the merge of all their fragments, in memory too. After a batch that met stored fragments the
-  next :data:`CHECKED_BATCHES` batches go the checked way at once, so a re-ingest or a stream of
-  late fragments does not pay twice.
+  ``request_fragments`` and one to ``requests``, optimistically: a request that already has a
+  row (its fragments were stored before, or this is one of them sent again) violates
+  ``requests``'s primary key, the transaction rolls back and the batch takes the checked path,
+  as does a batch that names a fragment id twice (a resent span). A fragment is one per
+  request id and fragment id (schema 10): the checked path keeps the first copy of each,
+  reads the fragments stored for the batch's requests (an index lookup), appends the batch's
+  new fragments, and replaces those requests' rows with the merge of all their fragments, in
+  memory too. After a batch that met stored fragments the next :data:`CHECKED_BATCHES`
+  batches go the checked way at once, so a re-ingest or a stream of late fragments does not
+  pay twice.
 - Engine samples: one row per scrape with its histograms as a list column, one statement.
 
 Arrow tables reach DuckDB as replacement scans: DuckDB reads a local variable named
@@ -77,7 +79,6 @@ _KEYS = ("fragment_id", "request_id", "source")
 #: ``request_fragments``'s columns in the table's order.
 FRAGMENT_TABLE_COLUMNS = [*_KEYS, "ingested_at", *MERGED_FIELDS, *FRAGMENT_ONLY_FIELDS]
 _SELECT_FRAGMENTS = f"SELECT {', '.join(FRAGMENT_FIELDS)}, ingested_at FROM request_fragments"
-_SELECT_FRAGMENT_ID = "SELECT fragment_id FROM request_fragments"
 #: After a batch met stored fragments, this many batches take the checked path (a stream of
 #: late fragments, a re-ingest) before the append path is tried again.
 CHECKED_BATCHES = 16
@@ -148,19 +149,41 @@ def fragments_table_by_column(fragments: Sequence[RequestFragment]) -> pa.Table:
     return pa.Table.from_arrays(arrays, names=list(FRAGMENT_FIELDS))
 
 
-def _first_per_fragment_id(table: pa.Table) -> pa.Table:
-    """The first row of each fragment_id (a batch may repeat a span, e.g. a retried export)."""
+def _first_per_fragment(table: pa.Table) -> pa.Table:
+    """The first row of each fragment, a request id and fragment id (a batch may repeat a
+    span, e.g. a retried export)."""
     fids = table.column("fragment_id")
     if pc.count_distinct(fids).as_py() == table.num_rows:
         return table
-    first: dict[str, int] = {}
-    for i, fid in enumerate(fids.to_pylist()):
-        first.setdefault(fid, i)
+    first: dict[tuple[str, str], int] = {}
+    pairs = zip(table.column("request_id").to_pylist(), fids.to_pylist(), strict=True)
+    for i, pair in enumerate(pairs):
+        first.setdefault(pair, i)
+    if len(first) == table.num_rows:
+        return table
     return table.take(sorted(first.values()))
 
 
+def _without_stored(batch: pa.Table, stored: pa.Table) -> pa.Table:
+    """``batch`` less the fragments ``stored`` holds (the same request id and fragment id)."""
+    maybe = pc.indices_nonzero(pc.is_in(batch["fragment_id"], value_set=stored["fragment_id"]))
+    if len(maybe) == 0:
+        return batch
+    held = set(
+        zip(stored["request_id"].to_pylist(), stored["fragment_id"].to_pylist(), strict=True)
+    )
+    rids = batch["request_id"].take(maybe).to_pylist()
+    fids = batch["fragment_id"].take(maybe).to_pylist()
+    keep = [True] * batch.num_rows
+    for i, rid, fid in zip(maybe.to_pylist(), rids, fids, strict=True):
+        if (rid, fid) in held:
+            keep[i] = False
+    return batch.filter(pa.array(keep, pa.bool_()))
+
+
 def append_fragment_table(store: Store, table: pa.Table) -> AppendResult:
-    """Store fragments (the first copy of each fragment_id; one already stored is ignored) and
+    """Store fragments (the first copy of each request id and fragment id; one already stored
+    is ignored) and
     merge their requests; see the module's docstring for the two paths."""
     n = table.num_rows
     if n == 0:
@@ -186,7 +209,7 @@ def _append_joined(store: Store, batch: pa.Table, n: int) -> AppendResult:
     :mod:`slokit.store._trace_join`), then settle those still waiting."""
     batch, trace_only = _trace_join.split(batch)
     if trace_only is not None:
-        trace_only = _first_per_fragment_id(trace_only)
+        trace_only = _first_per_fragment(trace_only)
     res = _trace_join.resolve(store, batch, trace_only)
     if res.joined is not None:
         batch = pa.concat_tables([batch, res.joined.cast(batch.schema)])
@@ -200,26 +223,25 @@ def _append_joined(store: Store, batch: pa.Table, n: int) -> AppendResult:
 
 def _append(store: Store, batch: pa.Table, n: int, touched: int) -> AppendResult:
     with store._lock:
-        if store._checked_batches_left == 0:
+        rows = batch.num_rows
+        fids = batch.column("fragment_id")
+        if store._checked_batches_left == 0 and pc.count_distinct(fids).as_py() == rows:
             try:
-                distinct = touched == batch.num_rows
+                distinct = touched == rows
                 return AppendResult(n, _append_all_new(store, batch, distinct), touched)
             except duckdb.ConstraintException:
-                pass  # something was stored already, or the batch repeats a fragment
-        batch = _first_per_fragment_id(batch)
-        try:
-            new, found = _append_checked(store, batch)
-        except duckdb.ConstraintException:  # a fragment_id stored under another request id
-            new, found = _append_checked(store, batch, by_fragment_id=True)
+                pass  # a request of the batch has a row already
+        new, found = _append_checked(store, _first_per_fragment(batch))
         left = CHECKED_BATCHES if found else store._checked_batches_left - 1
         store._checked_batches_left = max(0, left)
         return AppendResult(n, new, touched)
 
 
 def _append_all_new(store: Store, batch: pa.Table, distinct: bool | None = None) -> int:
-    """The fast path: every fragment and every request of ``batch`` is new, and no fragment
-    is in it twice (the primary keys raise ConstraintException, and the transaction rolls
-    back, if not). ``distinct``: whether each request has one fragment, if known."""
+    """The fast path: every request of ``batch`` is new (``requests``'s primary key raises
+    ConstraintException, and the transaction rolls back, if not), and no fragment id is in
+    it twice (the caller knows). ``distinct``: whether each request has one fragment, if
+    known."""
     merged = merge_batch(batch, distinct)
     now = store.clock()
     with store.transaction() as con:
@@ -229,31 +251,22 @@ def _append_all_new(store: Store, batch: pa.Table, distinct: bool | None = None)
     return new
 
 
-def _append_checked(
-    store: Store, batch: pa.Table, *, by_fragment_id: bool = False
-) -> tuple[int, bool]:
+def _append_checked(store: Store, batch: pa.Table) -> tuple[int, bool]:
     """The general path: skip fragments already stored, append the rest, and merge each of
     their requests from all its fragments (those stored before and the batch's). Returns the
-    fragments appended and whether anything of the batch was stored before.
-
-    Stored fragments are found by request id; ``by_fragment_id`` also looks the fragment ids
-    up (a fragment id stored under another request id is ignored, not re-keyed)."""
+    fragments appended and whether anything of the batch was stored before. ``batch`` holds
+    each fragment (request id and fragment id) once."""
     now = store.clock()
     with store.transaction() as con:
         rows = _rows_estimate(store, con)
         found = False
-        if by_fragment_id:
-            fids = batch["fragment_id"]
-            known = _where_in(con, _SELECT_FRAGMENT_ID, "fragment_id", fids, rows)["fragment_id"]
-            if len(known):
-                found = True
-                batch = batch.filter(pc.invert(pc.is_in(fids, value_set=known)))
         ids = pc.unique(batch["request_id"])
         stored = _where_in(con, _SELECT_FRAGMENTS, "request_id", ids, rows) if len(ids) else None
         if stored is not None and stored.num_rows:
             found = True
-            fids = batch["fragment_id"]
-            batch = batch.filter(pc.invert(pc.is_in(fids, value_set=stored["fragment_id"])))
+            batch = _without_stored(batch, stored)
+            # a request none of whose fragments is new keeps its row, updated_at included
+            stored = stored.filter(pc.is_in(stored["request_id"], value_set=batch["request_id"]))
         if batch.num_rows == 0:
             return 0, found  # all stored already: nothing changes
         new = _insert_fragments(con, batch, now)

@@ -177,7 +177,8 @@ class Store:
 
     # -- appends ---------------------------------------------------------------------------
     def append_fragments(self, fragments: Sequence[RequestFragment]) -> AppendResult:
-        """Store fragments (deduplicated by fragment_id) and merge their requests."""
+        """Store fragments (deduplicated by request id and fragment_id) and merge their
+        requests."""
         if not fragments:
             return AppendResult(0, 0, 0)
         return self.append_fragment_table(_append.fragments_table(fragments))

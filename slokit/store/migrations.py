@@ -321,6 +321,31 @@ ALTER TABLE requests_v8 RENAME TO requests;
         # the first time it needs it (slokit.store._trace_join.ensure_trace_index).
         "DROP INDEX IF EXISTS request_fragments_trace_id;",
     ),
+    Migration(
+        10,
+        "request_fragments: a fragment is one per request and fragment id, no primary key",
+        # The primary key on fragment_id was the costliest index of a store: about a quarter
+        # of what appending a vLLM span cost, 47 bytes of memory per stored fragment. A
+        # fragment sent again is found among its request's stored fragments (the request id
+        # index), so the key only kept a fragment id from being stored under a second request
+        # id (first come, first kept: an order the merge must not depend on). Such a fragment
+        # is now a fragment of each request it names. The ids stay uncompressed where indexed
+        # (request_id; trace_id once the trace join builds its index).
+        f"""
+CREATE TABLE request_fragments_v10 (
+    fragment_id VARCHAR NOT NULL,
+    request_id VARCHAR {_UNCOMPRESSED} NOT NULL,
+    source VARCHAR NOT NULL,
+    ingested_at TIMESTAMPTZ NOT NULL,
+    {_REQUEST_COLUMNS.replace("trace_id VARCHAR,", f"trace_id VARCHAR {_UNCOMPRESSED},", 1)},
+    gateway_routing_s DOUBLE
+);
+INSERT INTO request_fragments_v10 SELECT * FROM request_fragments;
+DROP TABLE request_fragments;
+ALTER TABLE request_fragments_v10 RENAME TO request_fragments;
+CREATE INDEX request_fragments_request_id ON request_fragments (request_id);
+""",
+    ),
 )
 
 #: Columns of ``requests`` that are the local store's bookkeeping (the SLI's, schema 7): the

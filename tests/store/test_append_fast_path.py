@@ -87,9 +87,9 @@ _fields = st.fixed_dictionaries(
 
 @st.composite
 def arrivals(draw: st.DrawFn) -> tuple[list[RequestFragment], list[list[RequestFragment]]]:
-    """Distinct fragments of a few requests (several of one source and request included), and
-    the batches they arrive in: shuffled, some sent twice (a span id always means the same
-    span)."""
+    """Distinct fragments of a few requests (several of one source and request included, and
+    one fragment id under several request ids), and the batches they arrive in: shuffled,
+    some sent twice (a span id always means the same span)."""
     keys = draw(
         st.lists(
             st.tuples(
@@ -102,7 +102,12 @@ def arrivals(draw: st.DrawFn) -> tuple[list[RequestFragment], list[list[RequestF
             unique=True,
         )
     )
-    frags = [frag(rid, src, n, **draw(_fields)) for rid, src, n in keys]
+    frags = [
+        frag(rid, src, n, **draw(_fields))._replace(fragment_id=f"{src}:shared:{n}")
+        if draw(st.booleans())
+        else frag(rid, src, n, **draw(_fields))
+        for rid, src, n in keys
+    ]
     resent = draw(st.lists(st.sampled_from(frags), max_size=4))
     stream = draw(st.permutations(frags + resent))
     cuts = sorted(draw(st.sets(st.integers(1, max(1, len(stream) - 1)), max_size=4)))
@@ -205,8 +210,8 @@ def test_a_fragment_id_twice_in_one_batch_keeps_the_first_copy() -> None:
 
 
 def test_a_batch_that_repeats_its_own_fragment_leaves_the_next_batches_on_the_append_path() -> None:
-    # The repeat is found by the primary key (the append rolls back and the batch is checked),
-    # but nothing of it was stored before: it is not a re-ingest, the next batch is not checked.
+    # The repeat sends the batch the checked way, but nothing of it was stored before: it is
+    # not a re-ingest, the next batch is not checked.
     with open_store(":memory:") as store:
         store.append_fragments([vllm("r1"), vllm("r2"), vllm("r1", ttft_s=0.9)])
         assert store._checked_batches_left == 0
@@ -227,16 +232,46 @@ def test_a_fragment_id_already_stored_keeps_the_stored_copy() -> None:
         ]
 
 
-def test_a_fragment_id_stored_under_another_request_is_ignored_and_the_rest_kept() -> None:
+def test_a_resent_fragment_beside_new_ones_leaves_its_request_as_it_was() -> None:
+    now = [T0]
+    with open_store(":memory:", clock=lambda: now[0]) as store:
+        store.append_fragments([vllm("r1"), vllm("r2")])
+        before = store.con.execute("SELECT * FROM requests ORDER BY 1").fetchall()
+        now[0] += 60.0
+        store.append_fragments([vllm("r1"), client("r2"), vllm("r3")])
+        after = store.con.execute("SELECT * FROM requests ORDER BY 1").fetchall()
+        assert after[0] == before[0]  # r1: nothing new, updated_at included
+        assert after[1] != before[1]  # r2: re-merged with its client fragment
+        assert requests_rows(store.con) == merged_from_fragments(store.con)
+
+
+def test_a_fragment_id_under_a_second_request_id_is_a_fragment_of_each_request() -> None:
     with open_store(":memory:") as store:
         store.append_fragments([vllm("r1")])
-        reused = vllm("r2")._replace(fragment_id="vllm:r1:0")
+        reused = vllm("r2", ttft_s=0.9)._replace(fragment_id="vllm:r1:0")
         res = store.append_fragments([reused, vllm("r3")])
-        assert res.new == 1
-        assert store.con.execute("SELECT request_id FROM requests ORDER BY 1").fetchall() == [
-            ("r1",),
-            ("r3",),
+        assert res.new == 2
+        assert store.con.execute(
+            "SELECT request_id, ttft_s FROM requests ORDER BY 1"
+        ).fetchall() == [
+            ("r1", 0.2),
+            ("r2", 0.9),
+            ("r3", 0.2),
         ]
+
+
+@pytest.mark.parametrize("batches", ["one batch", "r1 first", "r2 first"])
+def test_one_fragment_id_under_two_request_ids_is_stored_alike_in_any_order(batches: str) -> None:
+    one = vllm("r1", ttft_s=0.3)._replace(fragment_id="vllm:span")
+    two = vllm("r2", ttft_s=0.9)._replace(fragment_id="vllm:span")
+    arrivals = {"one batch": [[one, two]], "r1 first": [[one], [two]], "r2 first": [[two], [one]]}
+    with open_store(":memory:") as store:
+        for batch in arrivals[batches]:
+            store.append_fragments(batch)
+        assert store.con.execute(
+            "SELECT request_id, fragment_id, ttft_s FROM request_fragments ORDER BY 1"
+        ).fetchall() == [("r1", "vllm:span", 0.3), ("r2", "vllm:span", 0.9)]
+        assert requests_rows(store.con) == merged_from_fragments(store.con)
 
 
 def test_after_a_conflict_batches_are_checked_until_enough_are_new() -> None:

@@ -100,6 +100,13 @@ def _request_tables(con: duckdb.DuckDBPyConnection) -> dict[str, list[tuple[obje
     }
 
 
+def _request_table_keys(con: duckdb.DuckDBPyConnection) -> list[tuple[object, ...]]:
+    return con.execute(
+        "SELECT table_name, constraint_column_names FROM duckdb_constraints() "
+        "WHERE constraint_type = 'PRIMARY KEY' AND table_name LIKE 'request%' ORDER BY 1"
+    ).fetchall()
+
+
 def test_upgrading_to_uncompressed_ids_keeps_every_row_key_and_index(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -115,10 +122,7 @@ def test_upgrading_to_uncompressed_ids_keeps_every_row_key_and_index(
     with open_store(path, clock=lambda: T0 + 60) as store:
         assert store.schema_version() == 8
         assert _request_tables(store.con) == before
-        keys = store.con.execute(
-            "SELECT table_name, constraint_column_names FROM duckdb_constraints() "
-            "WHERE constraint_type = 'PRIMARY KEY' AND table_name LIKE 'request%' ORDER BY 1"
-        ).fetchall()
+        keys = _request_table_keys(store.con)
         assert keys == [("request_fragments", ["fragment_id"]), ("requests", ["request_id"])]
         indexes = store.con.execute(
             "SELECT index_name FROM duckdb_indexes() WHERE table_name = 'request_fragments' "
@@ -165,6 +169,7 @@ def test_upgrading_to_schema_9_drops_the_trace_id_index_and_a_trace_join_builds_
         with open_store(path) as old:
             old.append_fragments([vllm_frag("r1", trace_id="cd" * 16)])
             assert _trace_indexes(old.con) == [("request_fragments_trace_id",)]
+    monkeypatch.setattr("slokit.store.db.MIGRATIONS", MIGRATIONS[:9])
     with open_store(path) as store:
         assert store.schema_version() == 9
         assert _trace_indexes(store.con) == []
@@ -175,6 +180,30 @@ def test_upgrading_to_schema_9_drops_the_trace_id_index_and_a_trace_join_builds_
         ]
     with open_store(path) as reopened:  # kept in the file from then on
         assert _trace_indexes(reopened.con) == [("request_fragments_trace_id",)]
+
+
+def test_upgrading_to_schema_10_keeps_every_row_and_drops_the_fragment_id_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "s.duckdb"
+    with monkeypatch.context() as m:  # a file as schema 9 left it, its trace index built
+        m.setattr("slokit.store.db.MIGRATIONS", MIGRATIONS[:9])
+        with open_store(path, clock=lambda: T0) as old:
+            old.append_fragments([vllm_frag("r1", trace_id="ef" * 16), client_frag("r1")])
+            old.append_fragments([_gateway_of_trace("ef" * 16), vllm_frag("r2")])
+            before = _request_tables(old.con)
+    with open_store(path, clock=lambda: T0 + 60) as store:
+        assert store.schema_version() == 10
+        assert _request_tables(store.con) == before
+        keys = _request_table_keys(store.con)
+        assert keys == [("requests", ["request_id"])]
+        indexes = store.con.execute(
+            "SELECT index_name FROM duckdb_indexes() WHERE table_name = 'request_fragments'"
+        ).fetchall()
+        assert indexes == [("request_fragments_request_id",)]  # the trace join builds its own
+        res = store.append_fragments([vllm_frag("r1", trace_id="ef" * 16), client_frag("r3")])
+        assert res.new == 1  # the stored copy is known; r3's client fragment is new
+        assert _request_tables(store.con)["requests"][:2] == before["requests"]
 
 
 def test_the_request_tables_indexed_ids_are_stored_uncompressed(tmp_path: Path) -> None:
@@ -190,14 +219,10 @@ def test_the_request_tables_indexed_ids_are_stored_uncompressed(tmp_path: Path) 
         store.con.execute("CHECKPOINT")
         rows = store.con.execute(
             "SELECT DISTINCT column_name, compression FROM pragma_storage_info(?) "
-            "WHERE segment_type = 'VARCHAR' AND column_name IN (?, ?, ?) ORDER BY 1",
-            ["request_fragments", "fragment_id", "request_id", "trace_id"],
+            "WHERE segment_type = 'VARCHAR' AND column_name IN (?, ?) ORDER BY 1",
+            ["request_fragments", "request_id", "trace_id"],
         ).fetchall()
-        assert rows == [
-            ("fragment_id", "Uncompressed"),
-            ("request_id", "Uncompressed"),
-            ("trace_id", "Uncompressed"),
-        ]
+        assert rows == [("request_id", "Uncompressed"), ("trace_id", "Uncompressed")]
         rows = store.con.execute(
             "SELECT DISTINCT compression FROM pragma_storage_info('requests') "
             "WHERE column_name = 'request_id' AND segment_type = 'VARCHAR'"

@@ -85,8 +85,8 @@ class SidecarConfig:
     sample_commit_interval_s: float = 5.0
     db_memory_limit: str | None = "128MB"  # DuckDB's buffer pool bound (None: DuckDB's default)
     # The store keeps at most this many requests, the oldest deleted first (0: all). DuckDB
-    # holds the request tables' indexes in memory, about 330 bytes a request; past
-    # db_memory_limit its commits fail. 150,000: 50 MB of index, flat (slokit.store.retention)
+    # holds the request tables' indexes in memory, 190-280 bytes a request; past
+    # db_memory_limit its commits fail. 150,000: 31-42 MB of index, flat (slokit.store.retention)
     retention_requests: int = 150_000
     # ... and none first seen longer ago than this, nor any sample, scrape or finding older
     # (0: no age bound)

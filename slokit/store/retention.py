@@ -2,13 +2,15 @@
 
 DuckDB holds a table's ART indexes in memory as they grow (random keys, as request, span and
 trace ids are, touch every part of the tree) and counts them against ``memory_limit``. The
-request tables have four such indexes (``requests``'s key; ``request_fragments``'s key, its
-request id and its trace id): about 330 bytes of memory per stored request. A store that keeps
-every request fails a commit once the indexes fill the limit and spilling to disk cannot make
-room, and a checkpoint that fails so invalidates the database until the process restarts
-(``benchmarks/store_memory.py``: after 373,000 requests with ``memory_limit`` 128MB). With the
-oldest requests deleted as new ones arrive, the indexes' memory is reused and stays flat
-(150,000 kept while 700,000 passed through 128MB: 50 MB of index throughout).
+request tables have up to three such indexes (``requests``'s key; ``request_fragments``'s
+request id, and its trace id once the trace join has built it): about 193 bytes of memory per
+stored request without the trace id's, 280 with it (schema 10). A store that keeps every
+request fails a commit once the indexes fill the limit and spilling to disk cannot make room,
+and a checkpoint that fails so invalidates the database until the process restarts
+(``benchmarks/store_memory.py``: after 373,000 requests with ``memory_limit`` 128MB and the
+four indexes of schema 8). With the oldest requests deleted as new ones arrive, the indexes'
+memory is reused and stays flat (150,000 kept while 700,000 passed through 128MB: 50 MB of
+index throughout with those four; 30.9 MB with schema 10's two, 150,000 kept of 300,000).
 
 :func:`prune_requests` deletes, with all their fragments and oldest first, the requests first
 seen (``first_ingested_at``: the store's own clock, not a sender's) before

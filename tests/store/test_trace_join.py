@@ -90,3 +90,25 @@ def test_a_trace_only_fragment_twice_in_one_batch_waits_and_joins_once() -> None
         assert store.con.execute(count.format("pending_trace_fragments")).fetchall() == [(0,)]
         assert store.con.execute(count.format("request_fragments")).fetchall() == [(2,)]
         assert _row(store) == [("r1", "engine-0", 1.25, 1.0, 200, "ok", ["gateway", "vllm"])]
+
+
+def test_a_joined_fragment_left_pending_by_a_crash_expires_without_being_counted() -> None:
+    now = [1_700_000_000.0]
+    with open_store(":memory:", clock=lambda: now[0]) as store:
+        store.append_fragments([_gateway()])
+        store.append_fragments([_vllm()])  # joins: stored under r1, no longer pending
+        # a crash between the join's commit and the removal of its pending row
+        store.con.execute(
+            "INSERT INTO pending_trace_fragments SELECT * REPLACE ('' AS request_id) "
+            "FROM request_fragments WHERE fragment_id = 'gateway:1'"
+        )
+        _trace_join._pending_rows.pop(store, None)
+        now[0] += _trace_join.PENDING_MAX_AGE_S + 1
+        result = store.append_fragments(
+            [RequestFragment("r2", "vllm", "vllm:2", trace_id="cd" * 16)]
+        )
+        assert result.unjoined == {}
+        assert store.con.execute("SELECT count(*) FROM pending_trace_fragments").fetchall() == [
+            (0,)
+        ]
+        assert _row(store)[0] == ("r1", "engine-0", 1.25, 1.0, 200, "ok", ["gateway", "vllm"])

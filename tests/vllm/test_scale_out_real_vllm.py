@@ -4,14 +4,12 @@
 ``prometheus`` on 127.0.0.1 scraping both servers and both sidecars every second, a ``pod``
 label per target.
 
-pod-a alone serves 6 shared prefixes, then traffic doubles with 16 prefixes and pod-b joins:
-
-- routed round-robin, as a cache-unaware gateway does, each 40-block pool sees all 16
-  prefixes (64 blocks) and LRU evicts them before they come back: ``diagnose`` names the
-  prefix-affinity loss, from a store fed as a sidecar would be (the test's own scrapes, the
-  client records and the spans) and from Prometheus (``diagnose --prometheus``). Both tests
-  read the same run, driven once;
-- routed by prefix, as a prefix-aware gateway does, each pod holds its 8 (32 blocks): no loss.
+pod-a alone serves 6 shared prefixes, then traffic doubles with 16 prefixes and pod-b joins,
+routed round-robin as a cache-unaware gateway does: each 40-block pool sees all 16 prefixes
+(64 blocks) and LRU evicts them before they come back. ``diagnose`` must name the
+prefix-affinity loss from a store fed as a sidecar would be (the test's own scrapes, the client
+records and the spans) and from Prometheus (``diagnose --prometheus``). Both tests read the
+same run, driven once. The control (routed by prefix: no loss) is in test_diagnose_real_vllm.py.
 """
 
 from __future__ import annotations
@@ -23,7 +21,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +28,12 @@ import httpx
 import pytest
 from click.testing import CliRunner
 from test_diagnose_real_vllm import (
-    Phase,
+    _BASELINE_S,
+    _RULED_OUT,
+    _SCALED,
+    _WARM,
     Run,
+    _rules_except,
     diagnose_run,
     drive_run,
     starved_frontends,
@@ -48,22 +49,6 @@ from sidecar_harness import sidecar_process
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.prometheus]
 
 PODS = ("pod-a", "pod-b")
-
-#: pod-a alone serves 6 shared prefixes (~570 tokens, 4 full blocks each: 24 blocks; its
-#: 40-block pool holds them) at 2 req/s. Then traffic doubles with 16 prefixes and pod-b
-#: joins; the tests differ only in how the gateway routes the second phase.
-_WARM = Phase(60, 2.0, 240, 16, prefixes=6, prefix_len=200)
-_SCALED = Phase(45, 4.0, 240, 16, pods=PODS, prefixes=16, prefix_len=200)
-_RULED_OUT = {
-    "kv_pressure",
-    "frontend_bound",
-    "gpu_throttle",
-    "gpu_xid",
-    "error_burst",
-    "spec_decode_low_acceptance",
-}
-#: The baseline: the warm part of the first phase, as on-call would pick it.
-_BASELINE_S = 40.0
 
 
 def _wait_ready(url: str, timeout: float) -> None:
@@ -109,8 +94,7 @@ def fleet(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[dict[str, VllmServer], str]]:
     """The two servers (each with its sidecar) and the Prometheus scraping them all, started
-    once for this module's tests. vLLM's dev-mode endpoints are on for
-    ``POST /reset_prefix_cache``."""
+    once for this module's tests."""
     if shutil.which("prometheus") is None:
         pytest.skip("prometheus not found (scripts/system-deps.sh)")
     tmp = tmp_path_factory.mktemp("fleet")
@@ -140,7 +124,6 @@ def fleet(
                 otel_resource_attributes=(("k8s.pod.name", pod),),
                 otel_bsp_schedule_delay_ms=200,
                 extra_args=("--enable-prefix-caching",),
-                extra_env=(("VLLM_SERVER_DEV_MODE", "1"),),
             )
             servers[pod] = VllmServer(config, port=port, log_path=tmp / f"{pod}.log")
         start_together(list(servers.values()))
@@ -151,37 +134,19 @@ def fleet(
         yield servers, url
 
 
-def _cold(servers: dict[str, VllmServer]) -> dict[str, VllmServer]:
-    """The pods with a cold prefix cache: each scale-out starts from nothing cached, as on
-    freshly started servers."""
-    for pod, server in servers.items():
-        deadline = time.monotonic() + 60
-        while True:  # refused while a request still holds blocks: the last ones drain
-            resp = httpx.post(f"{server.base_url}/reset_prefix_cache", timeout=30)
-            if resp.status_code == 200 and resp.json().get("success") is True:
-                break
-            assert time.monotonic() < deadline, (pod, resp.status_code, resp.text)
-            time.sleep(0.5)
-    return servers
-
-
 @pytest.fixture(scope="module")
 def round_robin(
     fleet: tuple[dict[str, VllmServer], str],
     otlp_http_capture: OtlpHttpCapture,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Run:
-    """The round-robin scale-out, driven once for the two tests that read it."""
+    """The round-robin scale-out on the freshly started pods (nothing cached), driven once for
+    the two tests that read it."""
     servers, _ = fleet
     tmp = tmp_path_factory.mktemp("round-robin")
-    run = drive_run(_cold(servers), otlp_http_capture, [_WARM, _SCALED], tmp)
+    run = drive_run(servers, otlp_http_capture, [_WARM, _SCALED], tmp)
     time.sleep(2.0)  # with _drive's 3 s: Prometheus' last scrapes of both pods
     return run
-
-
-def _rules_except(doc: dict[str, Any], ids: set[str]) -> set[str]:
-    """The rules of every finding (info and up) but those of ``ids``."""
-    return {f["rule"] for f in doc["findings"] if f["id"] not in ids}
 
 
 def _assert_prefix_affinity_loss(doc: dict[str, Any], found: set[str], why: Any) -> dict[str, Any]:
@@ -230,21 +195,3 @@ def test_scale_out_with_round_robin_routing_is_prefix_affinity_loss_from_prometh
     ev = _assert_prefix_affinity_loss(doc, found, waits)["evidence"]
     assert set(ev["per_replica"]) == set(PODS), ev["per_replica"]
     assert doc["coverage"]["basis"] == "histograms"
-
-
-def test_scale_out_with_prefix_aware_routing_is_not_prefix_affinity_loss(
-    fleet: tuple[dict[str, VllmServer], str], otlp_http_capture: OtlpHttpCapture, tmp_path: Path
-) -> None:
-    # The same scale-out and the same 16 prefixes, routed by prefix: each replica holds its
-    # 8 (32 blocks), and the fleet hit ratio stays near its baseline.
-    servers, _ = fleet
-    scaled = replace(_SCALED, prefix_aware=True)
-    run = drive_run(_cold(servers), otlp_http_capture, [_WARM, scaled], tmp_path)
-    doc = diagnose_run(run, otlp_http_capture, since_phase=1, baseline_s=_BASELINE_S)
-    # The rule ran on both pods' prefix counters (quiet for the hit ratio, not for want of data).
-    assert doc["coverage"]["rules"]["prefix_affinity_loss"]["status"] == "ran"
-    assert doc["coverage"]["sources"]["engine"]["replicas"] == list(PODS)
-    waits = run.driven.frontend_waits
-    found = _rules_except(doc, starved_frontends(doc, waits, 1))
-    assert "prefix_affinity_loss" not in found, json.dumps(doc["findings"], indent=1)
-    assert not found & _RULED_OUT, (json.dumps(doc["findings"], indent=1)[:4000], waits)

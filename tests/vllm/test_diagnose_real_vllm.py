@@ -8,10 +8,8 @@ out; the healthy run must report nothing above info.
 
 - queue saturation: ``--max-num-seqs 2`` and a burst;
 - KV pressure: ``--num-gpu-blocks-override 12`` (1,408 usable tokens of KV) and long requests;
-- no prefix-affinity loss: two servers with small KV pools; one serves a few shared prefixes,
-  then traffic (and the set of prefixes) grows and is routed by prefix to both (the control of
-  the round-robin scale-out in test_scale_out_real_vllm.py, which drives its run with
-  :func:`drive_run` and diagnoses it with :func:`diagnose_run`);
+- prefix-affinity loss: two servers with small KV pools; one serves a few shared prefixes,
+  then traffic (and the set of prefixes) grows and goes round-robin to both;
 - healthy: the smoke test's server under a light steady load.
 """
 
@@ -188,73 +186,43 @@ async def _drive(
     return driven
 
 
-@dataclass
-class Run:
-    """A driven run: its request-id prefix, what the test scraped and the load runs wrote,
-    and the index of the run's first post in the OTLP capture."""
-
-    run_id: str
-    driven: Driven
-    first_post: int
-
-
-def _run_fragments(capture: OtlpHttpCapture, run: Run) -> list[Any]:
-    return [
-        fr
-        for post in capture.snapshot()[run.first_post :]
-        for fr in decode_traces(post.payload()).fragments
-        if fr.request_id.startswith(run.run_id)
-    ]
-
-
-def drive_run(
-    servers: dict[str, VllmServer],
+def _diagnose_run(
+    server: VllmServer | dict[str, VllmServer],
     capture: OtlpHttpCapture,
     phases: list[Phase],
     tmp: Path,
-    spans_timeout_s: float = 30.0,
-) -> Run:
-    """Drive the phases, then wait (at most ``spans_timeout_s``) until the capture holds a
-    span of every request the load runs recorded: vLLM exports them in 200 ms batches, and a
-    sidecar that forwards them adds its own hop."""
-    run = Run("d" + uuid.uuid4().hex[:6], Driven([], [], []), len(capture.snapshot()))
-    run.driven = asyncio.run(_drive(servers, phases, run.run_id, tmp))
-    sent = sum(len(f.read_text().splitlines()) for f in run.driven.files)
-    deadline = time.monotonic() + spans_timeout_s
-    while time.monotonic() < deadline:
-        if len({fr.request_id for fr in _run_fragments(capture, run)}) >= sent:
-            break
-        time.sleep(0.5)
-    return run
-
-
-def diagnose_run(
-    run: Run,
-    capture: OtlpHttpCapture,
     *,
     since_phase: int | None = None,
     baseline_s: float | None = None,
+    frontend_waits: list[dict[str, float]] | None = None,
 ) -> dict[str, Any]:
-    """Store what a sidecar would of ``run`` (client records, spans, scrapes) and diagnose:
-    the whole run, or from the start of phase ``since_phase`` with ``baseline_s`` of history
-    as the baseline."""
+    """Drive the phases, store what a sidecar would, and diagnose: the whole run, or from
+    the start of phase ``since_phase`` with ``baseline_s`` of history as the baseline.
+
+    ``frontend_waits``, when given, receives per phase and pod the seconds per request the
+    pod's API server waited for a CPU (:func:`starved_frontends`)."""
+    servers = server if isinstance(server, dict) else {POD: server}
+    run = "d" + uuid.uuid4().hex[:6]
+    before = len(capture.snapshot())
+    driven = asyncio.run(_drive(servers, phases, run, tmp))
+    time.sleep(1.0)  # the span exporter's last batch (200 ms schedule delay)
     with open_store(":memory:") as store:
-        for f in run.driven.files:
+        for f in driven.files:
             store.append_fragments(parse_load_jsonl(f.read_bytes(), name=str(f)))
-        store.append_fragments(_run_fragments(capture, run))
-        store.append_engine_samples(run.driven.samples)
+        for post in capture.snapshot()[before:]:
+            frags = [
+                fr
+                for fr in decode_traces(post.payload()).fragments
+                if fr.request_id.startswith(run)
+            ]
+            store.append_fragments(frags)
+        store.append_engine_samples(driven.samples)
+        if frontend_waits is not None:
+            frontend_waits.extend(driven.frontend_waits)
         if since_phase is None:
             return diagnose(store.reader())
         options = DiagnoseOptions(baseline_lookback_s=baseline_s or 3600.0)
-        start = run.driven.phase_starts[since_phase]
-        return diagnose(store.reader(), since=start, options=options)
-
-
-def _diagnose_run(
-    server: VllmServer, capture: OtlpHttpCapture, phases: list[Phase], tmp: Path
-) -> dict[str, Any]:
-    """Drive the phases on one server and diagnose the whole run."""
-    return diagnose_run(drive_run({POD: server}, capture, phases, tmp), capture)
+        return diagnose(store.reader(), since=driven.phase_starts[since_phase], options=options)
 
 
 def starved_frontends(
@@ -281,6 +249,11 @@ def starved_frontends(
 def _rules(doc: dict[str, Any], min_severity: str = "warning") -> set[str]:
     rank = {"info": 0, "warning": 1, "critical": 2}
     return {f["rule"] for f in doc["findings"] if rank[f["severity"]] >= rank[min_severity]}
+
+
+def _rules_except(doc: dict[str, Any], ids: set[str]) -> set[str]:
+    """The rules of every finding (info and up) but those of ``ids``."""
+    return {f["rule"] for f in doc["findings"] if f["id"] not in ids}
 
 
 @pytest.fixture(scope="module")
@@ -340,34 +313,14 @@ def test_long_requests_in_a_small_kv_pool_are_kv_pressure(
     )
 
 
-#: pod-a alone serves 6 shared prefixes (~570 tokens, 4 full blocks each: 24 blocks; its
-#: 40-block pool holds them) at 2 req/s. Then traffic doubles with 16 prefixes and pod-b
-#: joins; the scale-out tests differ only in how the gateway routes the second phase.
-_WARM = Phase(60, 2.0, 240, 16, prefixes=6, prefix_len=200)
-_SCALED = Phase(45, 4.0, 240, 16, pods=("pod-a", "pod-b"), prefixes=16, prefix_len=200)
-_RULED_OUT = {
-    "kv_pressure",
-    "frontend_bound",
-    "gpu_throttle",
-    "gpu_xid",
-    "error_burst",
-    "spec_decode_low_acceptance",
-}
-#: The scale-out's baseline: the warm part of the first phase, as on-call would pick it.
-_BASELINE_S = 40.0
-
-
-def _rules_except(doc: dict[str, Any], ids: set[str]) -> set[str]:
-    """The rules of every finding (info and up) but those of ``ids``."""
-    return {f["rule"] for f in doc["findings"] if f["id"] not in ids}
-
-
-@pytest.fixture
-def two_small_kv_servers(
-    tiny_model_dir: Path, capture: OtlpHttpCapture, tmp_path: Path
+@pytest.fixture(scope="module")
+def _two_pods(
+    tiny_model_dir: Path, capture: OtlpHttpCapture, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, VllmServer]]:
-    """pod-a and pod-b, each with 40 KV blocks of 128 tokens and prefix caching, freshly
-    started (nothing cached), exporting their spans to the capture; stopped after the test."""
+    """pod-a and pod-b, each with 40 KV blocks of 128 tokens, started together once for the
+    scale-out tests (the last of this module: they are stopped right after them). vLLM's
+    dev-mode endpoints are on for ``POST /reset_prefix_cache``."""
+    logs = tmp_path_factory.mktemp("two-pods")
     servers = {
         pod: VllmServer(
             VllmServerConfig(
@@ -381,8 +334,9 @@ def two_small_kv_servers(
                 otel_resource_attributes=(("k8s.pod.name", pod),),
                 otel_bsp_schedule_delay_ms=200,
                 extra_args=("--enable-prefix-caching",),
+                extra_env=(("VLLM_SERVER_DEV_MODE", "1"),),
             ),
-            log_path=tmp_path / f"{pod}.log",
+            log_path=logs / f"{pod}.log",
         )
         for pod in ("pod-a", "pod-b")
     }
@@ -394,19 +348,81 @@ def two_small_kv_servers(
             server.stop()
 
 
+@pytest.fixture
+def two_small_kv_servers(_two_pods: dict[str, VllmServer]) -> dict[str, VllmServer]:
+    """The two pods with a cold prefix cache: each test's scale-out starts from nothing
+    cached, as on freshly started servers."""
+    for pod, server in _two_pods.items():
+        deadline = time.monotonic() + 60
+        while True:  # refused while a request still holds blocks: the last ones drain
+            resp = httpx.post(f"{server.base_url}/reset_prefix_cache", timeout=30)
+            if resp.status_code == 200 and resp.json().get("success") is True:
+                break
+            assert time.monotonic() < deadline, (pod, resp.status_code, resp.text)
+            time.sleep(0.5)
+    return _two_pods
+
+
+#: pod-a alone serves 6 shared prefixes (~570 tokens, 4 full blocks each: 24 blocks; its
+#: 40-block pool holds them) at 2 req/s. Then traffic doubles with 16 prefixes and pod-b
+#: joins; the two tests differ only in how the gateway routes the second phase.
+_WARM = Phase(60, 2.0, 240, 16, prefixes=6, prefix_len=200)
+_SCALED = Phase(45, 4.0, 240, 16, pods=("pod-a", "pod-b"), prefixes=16, prefix_len=200)
+_RULED_OUT = {
+    "kv_pressure",
+    "frontend_bound",
+    "gpu_throttle",
+    "gpu_xid",
+    "error_burst",
+    "spec_decode_low_acceptance",
+}
+
+
+def test_scale_out_with_round_robin_routing_is_prefix_affinity_loss(
+    two_small_kv_servers: dict[str, VllmServer], capture: OtlpHttpCapture, tmp_path: Path
+) -> None:
+    # Round-robin: each replica sees all 16 prefixes (64 blocks) in its 40-block pool, so
+    # LRU evicts prefixes before they come back.
+    waits: list[dict[str, float]] = []
+    doc = _diagnose_run(
+        two_small_kv_servers,
+        capture,
+        [_WARM, _SCALED],
+        tmp_path,
+        since_phase=1,
+        baseline_s=40,  # the warm part of the first phase, as on-call would pick it
+        frontend_waits=waits,
+    )
+    starved = starved_frontends(doc, waits, 1)
+    found = _rules_except(doc, starved)
+    assert "prefix_affinity_loss" in found, json.dumps(doc, indent=1)[:4000]
+    f = next(f for f in doc["findings"] if f["rule"] == "prefix_affinity_loss")
+    ev = f["evidence"]
+    assert (ev["replicas_baseline"], ev["replicas_after"], ev["scale_out"]) == (1, 2, True)
+    assert ev["hit_ratio_after"] < 0.7 * ev["hit_ratio_baseline"]
+    assert not found & _RULED_OUT, (json.dumps(doc["findings"], indent=1)[:4000], waits)
+    # The loss is the root cause; the backlog it leaves is its consequence, never a cause.
+    serious = [g for g in doc["findings"] if g["severity"] != "info" and g["id"] not in starved]
+    if serious:
+        causes = [c for c in doc["root_causes"] if c not in starved]
+        assert causes[0] == f["id"], json.dumps(doc["findings"], indent=1)[:4000]
+    for g in serious:
+        if g["rule"] in ("beyond_knee", "queue_saturation", "kv_pressure"):
+            assert f["id"] in {c["id"] for c in g["caused_by"]}, json.dumps(g, indent=1)
+
+
 def test_scale_out_with_prefix_aware_routing_is_not_prefix_affinity_loss(
     two_small_kv_servers: dict[str, VllmServer], capture: OtlpHttpCapture, tmp_path: Path
 ) -> None:
-    # The round-robin scale-out of test_scale_out_real_vllm.py with the same 16 prefixes,
-    # routed by prefix: each replica holds its 8 (32 blocks), and the fleet hit ratio stays
-    # near its baseline.
+    # The same scale-out and the same 16 prefixes, routed by prefix: each replica holds its
+    # 8 (32 blocks), and the fleet hit ratio stays near its baseline.
     scaled = replace(_SCALED, prefix_aware=True)
-    run = drive_run(two_small_kv_servers, capture, [_WARM, scaled], tmp_path)
-    doc = diagnose_run(run, capture, since_phase=1, baseline_s=_BASELINE_S)
+    waits: list[dict[str, float]] = []
+    doc = _diagnose_run(two_small_kv_servers, capture, [_WARM, scaled], tmp_path,
+                        since_phase=1, baseline_s=40, frontend_waits=waits)  # fmt: skip
     # The rule ran on both pods' prefix counters (quiet for the hit ratio, not for want of data).
     assert doc["coverage"]["rules"]["prefix_affinity_loss"]["status"] == "ran"
     assert doc["coverage"]["sources"]["engine"]["replicas"] == ["pod-a", "pod-b"]
-    waits = run.driven.frontend_waits
     found = _rules_except(doc, starved_frontends(doc, waits, 1))
     assert "prefix_affinity_loss" not in found, json.dumps(doc["findings"], indent=1)
     assert not found & _RULED_OUT, (json.dumps(doc["findings"], indent=1)[:4000], waits)

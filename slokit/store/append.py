@@ -183,8 +183,7 @@ def _without_stored(batch: pa.Table, stored: pa.Table) -> pa.Table:
 
 def append_fragment_table(store: Store, table: pa.Table) -> AppendResult:
     """Store fragments (the first copy of each request id and fragment id; one already stored
-    is ignored) and
-    merge their requests; see the module's docstring for the two paths."""
+    is ignored) and merge their requests; see the module's docstring for the two paths."""
     n = table.num_rows
     if n == 0:
         return AppendResult(0, 0, 0)

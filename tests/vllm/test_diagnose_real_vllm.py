@@ -20,12 +20,13 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from cpu_starvation import LoopWaits, frontend_checks, starved_frontends
 
 from slokit.analysis.diagnose import DiagnoseOptions, diagnose
 from slokit.lab.load import LoadConfig, run_load
@@ -115,11 +116,16 @@ def _loads(p: Phase, servers: dict[str, VllmServer], i: int, run: str, tmp: Path
 
 
 async def _scrape(
-    servers: dict[str, VllmServer], stop: asyncio.Event, out: list[EngineSample]
+    servers: dict[str, VllmServer],
+    stop: asyncio.Event,
+    out: list[EngineSample],
+    waits: LoopWaits | None = None,
 ) -> None:
     async with httpx.AsyncClient(timeout=2.0) as http:
         while not stop.is_set():
             ts = time.time()
+            if waits is not None:
+                waits.sample()
             for pod, server in servers.items():
                 try:
                     text = (await http.get(server.base_url + "/metrics")).text
@@ -129,57 +135,29 @@ async def _scrape(
             await asyncio.sleep(max(0.0, 1.0 - (time.time() - ts)))
 
 
-def frontend_wait_per_request(
-    servers: dict[str, VllmServer], waited_before: dict[str, float], configs: list[Any]
-) -> dict[str, float]:
-    """Per pod: seconds its API server waited for a CPU since ``waited_before``, per request
-    the load runs ``configs`` sent it (each run's records, round-robin over its URLs)."""
-    sent = dict.fromkeys(servers, 0.0)
-    for c in configs:
-        n = len(c.out.read_text().splitlines())
-        urls = [c.url, *c.more_urls]
-        for pod, server in servers.items():
-            sent[pod] += n * urls.count(server.base_url) / len(urls)
-    return {
-        pod: (runqueue_wait_s(server.pid or 0) - waited_before[pod]) / max(1.0, sent[pod])
-        for pod, server in servers.items()
-    }
-
-
-def runqueue_wait_s(pid: int) -> float:
-    """Seconds the main thread of ``pid`` (vLLM's API server: its event loop, which also
-    turns the engine's outputs into tokens and spans) has spent runnable but waiting for a
-    CPU, from ``/proc/PID/schedstat``; 0 where the kernel does not say."""
-    try:
-        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
 @dataclass
 class Driven:
     samples: list[EngineSample]
     files: list[Path]
     phase_starts: list[float]
-    # per phase, per pod: seconds per request its API server's loop waited for a CPU (other
-    # work on the machine, or more traffic than its share of the cores)
-    frontend_waits: list[dict[str, float]] = field(default_factory=list)
 
 
 async def _drive(
-    servers: dict[str, VllmServer], phases: list[Phase], run: str, tmp: Path
+    servers: dict[str, VllmServer],
+    phases: list[Phase],
+    run: str,
+    tmp: Path,
+    waits: LoopWaits | None = None,
 ) -> Driven:
     driven = Driven([], [], [])
     stop = asyncio.Event()
-    scraper = asyncio.create_task(_scrape(servers, stop, driven.samples))
+    scraper = asyncio.create_task(_scrape(servers, stop, driven.samples, waits))
     await asyncio.sleep(3.0)
     for i, p in enumerate(phases):
         driven.phase_starts.append(time.time())
-        waited = {pod: runqueue_wait_s(s.pid or 0) for pod, s in servers.items()}
         configs = _loads(p, servers, i, run, tmp)
         await asyncio.gather(*(run_load(c) for c in configs))
         driven.files.extend(c.out for c in configs if c.out is not None)
-        driven.frontend_waits.append(frontend_wait_per_request(servers, waited, configs))
     await asyncio.sleep(3.0)
     stop.set()
     await scraper
@@ -194,17 +172,17 @@ def _diagnose_run(
     *,
     since_phase: int | None = None,
     baseline_s: float | None = None,
-    frontend_waits: list[dict[str, float]] | None = None,
+    waits: LoopWaits | None = None,
 ) -> dict[str, Any]:
     """Drive the phases, store what a sidecar would, and diagnose: the whole run, or from
     the start of phase ``since_phase`` with ``baseline_s`` of history as the baseline.
 
-    ``frontend_waits``, when given, receives per phase and pod the seconds per request the
-    pod's API server waited for a CPU (:func:`starved_frontends`)."""
+    ``waits``, when given, is sampled every second of the run: how long each pod's request
+    loops waited for a CPU (:func:`cpu_starvation.starved_frontends`)."""
     servers = server if isinstance(server, dict) else {POD: server}
     run = "d" + uuid.uuid4().hex[:6]
     before = len(capture.snapshot())
-    driven = asyncio.run(_drive(servers, phases, run, tmp))
+    driven = asyncio.run(_drive(servers, phases, run, tmp, waits))
     time.sleep(1.0)  # the span exporter's last batch (200 ms schedule delay)
     with open_store(":memory:") as store:
         for f in driven.files:
@@ -217,33 +195,15 @@ def _diagnose_run(
             ]
             store.append_fragments(frags)
         store.append_engine_samples(driven.samples)
-        if frontend_waits is not None:
-            frontend_waits.extend(driven.frontend_waits)
         if since_phase is None:
             return diagnose(store.reader())
         options = DiagnoseOptions(baseline_lookback_s=baseline_s or 3600.0)
         return diagnose(store.reader(), since=driven.phase_starts[since_phase], options=options)
 
 
-def starved_frontends(
-    doc: dict[str, Any], frontend_waits: list[dict[str, float]], since_phase: int
-) -> set[str]:
-    """The ids of the ``frontend_bound`` findings that the kernel confirms: the pod's API
-    server waited for a CPU, per request, at least half the rise in frontend time the
-    finding reports, more than in the phase before. On a machine whose cores are busy with
-    other work, vLLM's API server (the event loop that reads requests and turns the
-    engine's outputs into tokens) is starved like a container at its CPU limit: that is a
-    true frontend-bound incident, not a false alarm of the scenario's."""
-    confirmed = set()
-    for f in doc["findings"]:
-        if f["rule"] != "frontend_bound":
-            continue
-        ev, pod = f["evidence"], f["replica"]
-        rise = (ev["episode"]["frontend_mean"] or 0.0) - (ev["baseline"]["frontend_mean"] or 0.0)
-        waits = [frontend_waits[i].get(pod, 0.0) for i in (since_phase - 1, since_phase)]
-        if waits[1] - waits[0] >= 0.5 * rise:
-            confirmed.add(f["id"])
-    return confirmed
+def loop_waits(servers: dict[str, VllmServer]) -> LoopWaits:
+    """A recorder of the pods' request loops' waits for a CPU, for :func:`_diagnose_run`."""
+    return LoopWaits({pod: s.pid or 0 for pod, s in servers.items()})
 
 
 def _rules(doc: dict[str, Any], min_severity: str = "warning") -> set[str]:
@@ -383,7 +343,7 @@ def test_scale_out_with_round_robin_routing_is_prefix_affinity_loss(
 ) -> None:
     # Round-robin: each replica sees all 16 prefixes (64 blocks) in its 40-block pool, so
     # LRU evicts prefixes before they come back.
-    waits: list[dict[str, float]] = []
+    waits = loop_waits(two_small_kv_servers)
     doc = _diagnose_run(
         two_small_kv_servers,
         capture,
@@ -391,16 +351,19 @@ def test_scale_out_with_round_robin_routing_is_prefix_affinity_loss(
         tmp_path,
         since_phase=1,
         baseline_s=40,  # the warm part of the first phase, as on-call would pick it
-        frontend_waits=waits,
+        waits=waits,
     )
-    starved = starved_frontends(doc, waits, 1)
+    starved = starved_frontends(doc, waits)
     found = _rules_except(doc, starved)
     assert "prefix_affinity_loss" in found, json.dumps(doc, indent=1)[:4000]
     f = next(f for f in doc["findings"] if f["rule"] == "prefix_affinity_loss")
     ev = f["evidence"]
     assert (ev["replicas_baseline"], ev["replicas_after"], ev["scale_out"]) == (1, 2, True)
     assert ev["hit_ratio_after"] < 0.7 * ev["hit_ratio_baseline"]
-    assert not found & _RULED_OUT, (json.dumps(doc["findings"], indent=1)[:4000], waits)
+    assert not found & _RULED_OUT, (
+        json.dumps(doc["findings"], indent=1)[:4000],
+        frontend_checks(doc, waits),
+    )
     # The loss is the root cause; the backlog it leaves is its consequence, never a cause.
     serious = [g for g in doc["findings"] if g["severity"] != "info" and g["id"] not in starved]
     if serious:
@@ -417,12 +380,15 @@ def test_scale_out_with_prefix_aware_routing_is_not_prefix_affinity_loss(
     # The same scale-out and the same 16 prefixes, routed by prefix: each replica holds its
     # 8 (32 blocks), and the fleet hit ratio stays near its baseline.
     scaled = replace(_SCALED, prefix_aware=True)
-    waits: list[dict[str, float]] = []
+    waits = loop_waits(two_small_kv_servers)
     doc = _diagnose_run(two_small_kv_servers, capture, [_WARM, scaled], tmp_path,
-                        since_phase=1, baseline_s=40, frontend_waits=waits)  # fmt: skip
+                        since_phase=1, baseline_s=40, waits=waits)  # fmt: skip
     # The rule ran on both pods' prefix counters (quiet for the hit ratio, not for want of data).
     assert doc["coverage"]["rules"]["prefix_affinity_loss"]["status"] == "ran"
     assert doc["coverage"]["sources"]["engine"]["replicas"] == ["pod-a", "pod-b"]
-    found = _rules_except(doc, starved_frontends(doc, waits, 1))
+    found = _rules_except(doc, starved_frontends(doc, waits))
     assert "prefix_affinity_loss" not in found, json.dumps(doc["findings"], indent=1)
-    assert not found & _RULED_OUT, (json.dumps(doc["findings"], indent=1)[:4000], waits)
+    assert not found & _RULED_OUT, (
+        json.dumps(doc["findings"], indent=1)[:4000],
+        frontend_checks(doc, waits),
+    )

@@ -24,15 +24,8 @@ from pathlib import Path
 import httpx
 import pytest
 from click.testing import CliRunner
-from test_diagnose_real_vllm import (
-    _RULED_OUT,
-    _SCALED,
-    _WARM,
-    _loads,
-    frontend_wait_per_request,
-    runqueue_wait_s,
-    starved_frontends,
-)
+from cpu_starvation import frontend_checks, starved_frontends
+from test_diagnose_real_vllm import _RULED_OUT, _SCALED, _WARM, _loads, loop_waits
 
 from slokit.cli import main
 from slokit.lab.load import run_load
@@ -128,19 +121,28 @@ def test_scale_out_with_round_robin_routing_is_prefix_affinity_loss_from_prometh
     servers, url = fleet
     run = "f" + uuid.uuid4().hex[:6]
 
-    # per phase and pod: seconds per request its API server waited for a CPU
-    waits: list[dict[str, float]] = []
+    # every second: how long each pod's request loops have waited for a CPU
+    waits = loop_waits(servers)
+
+    async def sample_waits(stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            waits.sample()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
+        waits.sample()
 
     async def drive() -> list[float]:
         starts = []
+        stop = asyncio.Event()
+        sampler = asyncio.create_task(sample_waits(stop))
         await asyncio.sleep(3.0)  # a few idle scrapes first
         for i, phase in enumerate([_WARM, _SCALED]):
             starts.append(time.time())
-            before = {pod: runqueue_wait_s(s.pid or 0) for pod, s in servers.items()}
             configs = _loads(phase, servers, i, run, tmp_path)
             await asyncio.gather(*(run_load(c) for c in configs))
-            waits.append(frontend_wait_per_request(servers, before, configs))
         await asyncio.sleep(5.0)  # the last scrapes of both pods
+        stop.set()
+        await sampler
         return starts
 
     starts = asyncio.run(drive())
@@ -152,7 +154,7 @@ def test_scale_out_with_round_robin_routing_is_prefix_affinity_loss_from_prometh
     assert res.exit_code == 0, res.output[-3000:]
     doc = json.loads(res.output)
     # a frontend_bound finding the kernel confirms (test_diagnose_real_vllm.py) is no false alarm
-    starved = starved_frontends(doc, waits, 1)
+    starved = starved_frontends(doc, waits)
     found = {f["rule"] for f in doc["findings"] if f["id"] not in starved}
     assert "prefix_affinity_loss" in found, json.dumps(doc, indent=1)[:4000]
     f = next(f for f in doc["findings"] if f["rule"] == "prefix_affinity_loss")
@@ -161,4 +163,4 @@ def test_scale_out_with_round_robin_routing_is_prefix_affinity_loss_from_prometh
     assert ev["hit_ratio_after"] < 0.7 * ev["hit_ratio_baseline"], ev
     assert set(ev["per_replica"]) == set(PODS), ev["per_replica"]
     assert doc["coverage"]["basis"] == "histograms"
-    assert not found & _RULED_OUT, (doc["findings"], waits)
+    assert not found & _RULED_OUT, (doc["findings"], frontend_checks(doc, waits))

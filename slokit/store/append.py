@@ -149,11 +149,14 @@ def fragments_table_by_column(fragments: Sequence[RequestFragment]) -> pa.Table:
     return pa.Table.from_arrays(arrays, names=list(FRAGMENT_FIELDS))
 
 
-def _first_per_fragment(table: pa.Table) -> pa.Table:
+def _first_per_fragment(table: pa.Table, distinct_ids: int | None = None) -> pa.Table:
     """The first row of each fragment, a request id and fragment id (a batch may repeat a
-    span, e.g. a retried export)."""
+    span, e.g. a retried export). ``distinct_ids``: the number of distinct fragment ids in
+    ``table``, where the caller counted them already."""
     fids = table.column("fragment_id")
-    if pc.count_distinct(fids).as_py() == table.num_rows:
+    if distinct_ids is None:
+        distinct_ids = pc.count_distinct(fids).as_py()
+    if distinct_ids == table.num_rows:
         return table
     first: dict[tuple[str, str], int] = {}
     pairs = zip(table.column("request_id").to_pylist(), fids.to_pylist(), strict=True)
@@ -223,14 +226,16 @@ def _append_joined(store: Store, batch: pa.Table, n: int) -> AppendResult:
 def _append(store: Store, batch: pa.Table, n: int, touched: int) -> AppendResult:
     with store._lock:
         rows = batch.num_rows
-        fids = batch.column("fragment_id")
-        if store._checked_batches_left == 0 and pc.count_distinct(fids).as_py() == rows:
+        distinct_ids = None
+        if store._checked_batches_left == 0:
+            distinct_ids = pc.count_distinct(batch.column("fragment_id")).as_py()
+        if distinct_ids == rows:
             try:
                 distinct = touched == rows
                 return AppendResult(n, _append_all_new(store, batch, distinct), touched)
             except duckdb.ConstraintException:
                 pass  # a request of the batch has a row already
-        new, found = _append_checked(store, _first_per_fragment(batch))
+        new, found = _append_checked(store, _first_per_fragment(batch, distinct_ids))
         left = CHECKED_BATCHES if found else store._checked_batches_left - 1
         store._checked_batches_left = max(0, left)
         return AppendResult(n, new, touched)

@@ -9,6 +9,12 @@ time and its drift after warm-up; and ingest lag: the time from sending a body t
 ``slokit_ingest_lag_seconds``.
 
     python benchmarks/soak_sidecar.py [--duration 600] [--rate 200] [--out soak.json]
+    python benchmarks/soak_sidecar.py --prefill 150000   # measured at the retention bound
+
+``--prefill N`` stores N requests (the same spans, arrived in the half hour before) in the
+sidecar's file before it starts: the soak then measures a sidecar in its steady state, its
+store at the ``retention_requests`` bound and pruning as it ingests, instead of one whose
+store (and memory) still grows for its first 12.5 minutes.
 
 Goal (issue 4): <= 5% of a core, flat RSS (< 5% drift after warm-up), <= 250 MB.
 """
@@ -113,6 +119,22 @@ def _rejected(body: bytes) -> int:
     return int(out.partial_success.rejected_spans)
 
 
+def _prefill(db: Path, n: int, batch: int = 5_000) -> None:
+    """Store ``n`` requests' spans in ``db`` (a new sidecar file), arrived over the
+    ``n / 100`` seconds that end a minute ago, under a replica name and request ids the
+    soak's senders do not use (theirs start at index replica x 10^9)."""
+    from slokit.sources.otlp import decode_traces
+    from slokit.store.db import open_store
+
+    first = 900_000_000_000
+    t0 = time.time() - 60.0 - n * 0.01 - first * 0.01
+    with open_store(db) as store:
+        for start in range(first, first + n, batch):
+            body = llm_request_export(min(batch, first + n - start), start_index=start,
+                                      seed=99, replica="prefill", t0=t0)  # fmt: skip
+            store.append_fragments(decode_traces(body).fragments)
+
+
 def _pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -132,6 +154,9 @@ def main(argv: list[str]) -> int:
                     help="the sidecar's commit_interval_s: > 0 acknowledges once the journal "
                     "is synced and commits to DuckDB this often (the default, 1); 0: each batch")  # fmt: skip
     ap.add_argument("--warmup", type=float, default=None, help="seconds (default 10%%, >= 30)")
+    ap.add_argument("--prefill", type=int, default=0,
+                    help="requests stored before the sidecar starts (e.g. 150000: the "
+                    "retention bound, the steady state)")  # fmt: skip
     ap.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = ap.parse_args(argv)
     warmup = args.warmup if args.warmup is not None else max(30.0, args.duration * 0.1)
@@ -141,6 +166,11 @@ def main(argv: list[str]) -> int:
     api, otlp = free_port(), free_port()
     tmp = Path(tempfile.mkdtemp(prefix="slokit-soak-"))
     db = tmp / "soak.duckdb"
+    if args.prefill:
+        t = time.perf_counter()
+        _prefill(db, args.prefill)
+        print(f"prefilled {args.prefill} requests in {time.perf_counter() - t:.1f} s",
+              file=sys.stderr)  # fmt: skip
     log = (tmp / "sidecar.log").open("wb")
     cmd = [sys.executable, "-m", "slokit.sidecar", "--db", str(db), "--listen",
            f"127.0.0.1:{api}", "--otlp-http", f"127.0.0.1:{otlp}", "--otlp-grpc", "",
@@ -196,6 +226,7 @@ def main(argv: list[str]) -> int:
         assert warm_cpu is not None and warm_t is not None
         result = {
             "duration_s": args.duration,
+            "prefill_requests": args.prefill,
             "rate_rps": args.rate,
             "replicas": args.replicas,
             "spans_per_export": args.spans_per_export,
@@ -242,11 +273,11 @@ def main(argv: list[str]) -> int:
             proc.kill()
         log.close()
     # 0 lost: every acknowledged request is in the file the sidecar left (stopped cleanly), or
-    # was deleted by retention
+    # was deleted by retention (the prefilled ones first: they are the oldest)
     with duckdb.connect(str(db), read_only=True) as con:
         row = con.execute("SELECT count(*) FROM requests").fetchone()
     result["requests_stored"] = int(row[0]) if row else 0
-    kept = result["requests_stored"] + result["requests_pruned"]
+    kept = result["requests_stored"] + result["requests_pruned"] - args.prefill
     result["lost"] = max(0, result["requests_acked"] - kept)
     summary = {k: v for k, v in result.items() if k != "rss_series"}
     print(json.dumps(summary, indent=2))

@@ -3,7 +3,7 @@
 On a machine whose cores other work keeps busy (CI shares them), vLLM's request loops wait
 for a CPU like a container at its CPU limit, and the time outside the engine rises: a true
 frontend-bound incident, not a false alarm of the scenario under test. The kernel says how
-long each thread was runnable but waiting for a CPU (``/proc/PID/task/TID/schedstat``, its
+long a process's main thread was runnable but waiting for a CPU (``/proc/PID/schedstat``, its
 second field). :class:`LoopWaits` samples that, during a run, for the two loops every
 request passes through before its first token:
 
@@ -21,20 +21,25 @@ time the finding reports more than during the diagnosis's baseline.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from slokit.timeutil import parse_time
 
 #: The share of a finding's rise in frontend time that the loops' extra waiting must cover.
 CONFIRM_SHARE = 0.5
 
 
 def _children(pid: int, proc: Path) -> list[int]:
+    """The child processes of ``pid`` (each of its threads' ``children``: cheaper than the
+    scan of all of ``/proc`` that slokit.lab.vllm_server.process_tree_rss_bytes makes)."""
     out: list[int] = []
     try:
         tasks = list((proc / str(pid) / "task").iterdir())
@@ -48,9 +53,9 @@ def _children(pid: int, proc: Path) -> list[int]:
     return out
 
 
-def _thread_wait_s(pid: int, tid: int, proc: Path) -> float:
+def _main_thread_wait_s(pid: int, proc: Path) -> float:
     try:
-        return int((proc / str(pid) / "task" / str(tid) / "schedstat").read_text().split()[1]) / 1e9
+        return int((proc / str(pid) / "schedstat").read_text().split()[1]) / 1e9
     except (OSError, IndexError, ValueError):
         return 0.0
 
@@ -59,11 +64,7 @@ def loops_wait_s(pid: int, proc: Path = Path("/proc")) -> float:
     """Seconds the main threads of ``pid`` (vLLM's API server) and of its child processes
     (the engine core) have spent runnable but waiting for a CPU; 0 where the kernel does
     not say."""
-    return sum(_thread_wait_s(p, p, proc) for p in (pid, *_children(pid, proc)))
-
-
-def _ts(text: str) -> float:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    return sum(_main_thread_wait_s(p, proc) for p in (pid, *_children(pid, proc)))
 
 
 @dataclass
@@ -80,6 +81,14 @@ class LoopWaits:
         now = self.clock()
         for pod, pid in self.pids.items():
             self.samples.setdefault(pod, []).append((now, self.read(pid)))
+
+    async def sample_until(self, stop: asyncio.Event, every_s: float = 1.0) -> None:
+        """:meth:`sample` every ``every_s`` until ``stop`` is set, and once more then."""
+        while not stop.is_set():
+            self.sample()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), every_s)
+        self.sample()
 
     def waited_s(self, pod: str, since: float, until: float) -> float:
         """Seconds the pod's loops waited for a CPU over [since, until)."""
@@ -104,7 +113,7 @@ def frontend_checks(doc: dict[str, Any], waits: LoopWaits) -> list[dict[str, Any
         ev, pod = f["evidence"], f["replica"]
         rise = (ev["episode"]["frontend_mean"] or 0.0) - (ev["baseline"]["frontend_mean"] or 0.0)
         per_request = [
-            waits.waited_s(pod, _ts(since), _ts(until)) / max(1, n or 0)
+            waits.waited_s(pod, parse_time(since), parse_time(until)) / max(1, n or 0)
             for since, until, n in (
                 (base["since"], base["until"], ev["baseline"]["n"]),
                 (f["start"], f["end"], ev["episode"]["n"]),

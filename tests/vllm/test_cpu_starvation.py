@@ -3,6 +3,7 @@ starved of CPU) from a false alarm, on a fake ``/proc`` and on made-up diagnoses
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -12,20 +13,24 @@ from cpu_starvation import LoopWaits, frontend_checks, loops_wait_s, starved_fro
 from slokit.timeutil import iso
 
 
-def _task(proc: Path, pid: int, tid: int, wait_ns: int, children: str = "") -> None:
+def _thread(proc: Path, pid: int, tid: int, wait_ns: int, children: str = "") -> None:
+    """A thread's ``/proc`` entries; the main thread's (tid == pid) also as the process's."""
     task = proc / str(pid) / "task" / str(tid)
     task.mkdir(parents=True)
-    (task / "schedstat").write_text(f"123456 {wait_ns} 789\n")
+    stat = f"123456 {wait_ns} 789\n"
+    (task / "schedstat").write_text(stat)
     (task / "children").write_text(children)
+    if tid == pid:
+        (proc / str(pid) / "schedstat").write_text(stat)
 
 
 def test_loops_wait_counts_the_main_threads_of_the_server_and_of_its_children(
     tmp_path: Path,
 ) -> None:
-    _task(tmp_path, 10, 10, 1_000_000_000, children="20 ")
-    _task(tmp_path, 10, 11, 7_000_000_000)  # a helper thread of the API server: not a loop
-    _task(tmp_path, 20, 20, 500_000_000)  # the engine core
-    _task(tmp_path, 20, 21, 9_000_000_000)  # e.g. a polling thread of the engine core
+    _thread(tmp_path, 10, 10, 1_000_000_000, children="20 ")
+    _thread(tmp_path, 10, 11, 7_000_000_000)  # a helper thread of the API server: not a loop
+    _thread(tmp_path, 20, 20, 500_000_000)  # the engine core
+    _thread(tmp_path, 20, 21, 9_000_000_000)  # e.g. a polling thread of the engine core
     assert loops_wait_s(10, tmp_path) == 1.5
 
 
@@ -105,3 +110,17 @@ def test_the_check_reports_its_figures() -> None:
     assert check["wait_per_request_s"] == pytest.approx({"baseline": 0.005, "episode": 0.015})
     assert check["frontend_rise_s"] == pytest.approx(0.019)
     assert check["confirmed"] is True
+
+
+def test_sample_until_samples_until_stopped_and_once_more() -> None:
+    stop = asyncio.Event()
+    reads: list[int] = []
+
+    def read(pid: int) -> float:
+        reads.append(pid)
+        if len(reads) == 3:
+            stop.set()
+        return 0.0
+
+    asyncio.run(LoopWaits({"pod-a": 1}, read=read).sample_until(stop, every_s=0.0))
+    assert len(reads) == 4

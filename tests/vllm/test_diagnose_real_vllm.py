@@ -116,16 +116,11 @@ def _loads(p: Phase, servers: dict[str, VllmServer], i: int, run: str, tmp: Path
 
 
 async def _scrape(
-    servers: dict[str, VllmServer],
-    stop: asyncio.Event,
-    out: list[EngineSample],
-    waits: LoopWaits | None = None,
+    servers: dict[str, VllmServer], stop: asyncio.Event, out: list[EngineSample]
 ) -> None:
     async with httpx.AsyncClient(timeout=2.0) as http:
         while not stop.is_set():
             ts = time.time()
-            if waits is not None:
-                waits.sample()
             for pod, server in servers.items():
                 try:
                     text = (await http.get(server.base_url + "/metrics")).text
@@ -151,7 +146,9 @@ async def _drive(
 ) -> Driven:
     driven = Driven([], [], [])
     stop = asyncio.Event()
-    scraper = asyncio.create_task(_scrape(servers, stop, driven.samples, waits))
+    background = [asyncio.create_task(_scrape(servers, stop, driven.samples))]
+    if waits is not None:
+        background.append(asyncio.create_task(waits.sample_until(stop)))
     await asyncio.sleep(3.0)
     for i, p in enumerate(phases):
         driven.phase_starts.append(time.time())
@@ -160,7 +157,7 @@ async def _drive(
         driven.files.extend(c.out for c in configs if c.out is not None)
     await asyncio.sleep(3.0)
     stop.set()
-    await scraper
+    await asyncio.gather(*background)
     return driven
 
 

@@ -124,17 +124,10 @@ def test_scale_out_with_round_robin_routing_is_prefix_affinity_loss_from_prometh
     # every second: how long each pod's request loops have waited for a CPU
     waits = loop_waits(servers)
 
-    async def sample_waits(stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            waits.sample()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 1.0)
-        waits.sample()
-
     async def drive() -> list[float]:
         starts = []
         stop = asyncio.Event()
-        sampler = asyncio.create_task(sample_waits(stop))
+        sampler = asyncio.create_task(waits.sample_until(stop))
         await asyncio.sleep(3.0)  # a few idle scrapes first
         for i, phase in enumerate([_WARM, _SCALED]):
             starts.append(time.time())
@@ -153,7 +146,7 @@ def test_scale_out_with_round_robin_routing_is_prefix_affinity_loss_from_prometh
     )  # fmt: skip
     assert res.exit_code == 0, res.output[-3000:]
     doc = json.loads(res.output)
-    # a frontend_bound finding the kernel confirms (test_diagnose_real_vllm.py) is no false alarm
+    # a frontend_bound finding the kernel confirms (cpu_starvation.py) is no false alarm
     starved = starved_frontends(doc, waits)
     found = {f["rule"] for f in doc["findings"] if f["id"] not in starved}
     assert "prefix_affinity_loss" in found, json.dumps(doc, indent=1)[:4000]

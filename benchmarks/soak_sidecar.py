@@ -135,6 +135,27 @@ def _prefill(db: Path, n: int, batch: int = 5_000) -> None:
             store.append_fragments(decode_traces(body).fragments)
 
 
+def _store_usage_mb(metrics_text: str) -> dict[str, float]:
+    """The sidecar's own reading of its store (slokit_db_*): DuckDB's memory by tag, and its
+    file's used and free blocks, in MB."""
+    out: dict[str, float] = {}
+    for kind, label, value in re.findall(
+        r'^slokit_db_(memory|file)_bytes\{(?:tag|part)="([^"]+)"\} ([0-9.e+-]+)$',
+        metrics_text,
+        re.M,
+    ):
+        mb = float(value) / 2**20
+        if mb >= 0.05:
+            out[f"db_{label.lower()}_mb" if kind == "memory" else f"db_file_{label}_mb"] = round(
+                mb, 1
+            )
+    return out
+
+
+def _store_part(sample: dict[str, float]) -> dict[str, float]:
+    return {"t_s": sample["t_s"], **{k: v for k, v in sample.items() if k.startswith("db_")}}
+
+
 def _pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -212,6 +233,7 @@ def main(argv: list[str]) -> int:
             m = re.search(r"^slokit_ingest_lag_seconds ([0-9.e+-]+)$", text, re.M)
             if m:
                 lag.append(float(m.group(1)))
+            samples[-1].update(_store_usage_mb(text))
             if warm_cpu is None and elapsed >= warmup:
                 warm_cpu, warm_t, warm_lat = cpu, time.monotonic(), len(latencies)
         stop.set()
@@ -257,6 +279,8 @@ def main(argv: list[str]) -> int:
             "ingest_lag_gauge_s_p99": round(_pct(lag, 0.99), 4),
             "db_mb": round(db.stat().st_size / 2**20, 1),
             "rss_series": [(s["t_s"], s["rss_mb"], s["anon_mb"]) for s in samples],
+            # the sidecar's reading of its store at each sample (slokit_db_*_bytes, MB)
+            "store_series": [_store_part(s) for s in samples],
         }
         # requests retention deleted (retention_requests, retention_s): acknowledged, not lost;
         # read once the writer has everything, as late before the stop as can be (a prune
@@ -279,7 +303,7 @@ def main(argv: list[str]) -> int:
     result["requests_stored"] = int(row[0]) if row else 0
     kept = result["requests_stored"] + result["requests_pruned"] - args.prefill
     result["lost"] = max(0, result["requests_acked"] - kept)
-    summary = {k: v for k, v in result.items() if k != "rss_series"}
+    summary = {k: v for k, v in result.items() if k not in ("rss_series", "store_series")}
     print(json.dumps(summary, indent=2))
     if args.out:
         args.out.write_text(json.dumps(result, indent=2))

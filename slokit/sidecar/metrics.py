@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from slokit.store.usage import StoreUsage
+
 SLI_LABELS = ("class", "replica", "model", "outcome")
 
 
@@ -113,6 +115,22 @@ class SidecarMetrics:
             "slokit_ingest_lag_seconds", "Age of the oldest item waiting for the writer.",
             registry=r,
         )  # fmt: skip
+        self.db_memory = Gauge(
+            "slokit_db_memory_bytes",
+            "DuckDB's memory by tag (duckdb_memory()): what counts against db_memory_limit.",
+            ["tag"], registry=r,
+        )  # fmt: skip
+        self.db_memory_limit = Gauge(
+            "slokit_db_memory_limit_bytes", "DuckDB's memory limit (db_memory_limit).", registry=r
+        )
+        self.db_temp_storage = Gauge(
+            "slokit_db_temp_storage_bytes",
+            "What DuckDB spilled to temporary files past its memory limit.", registry=r,
+        )  # fmt: skip
+        self.db_file = Gauge(
+            "slokit_db_file_bytes", "The store's file: blocks used and free, and its WAL.",
+            ["part"], registry=r,
+        )  # fmt: skip
         self.commit_seconds = Histogram(
             "slokit_writer_commit_seconds", "Time per writer transaction.", registry=r,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
@@ -136,3 +154,14 @@ class SidecarMetrics:
             "WALs found damaged at start whose intact part was replayed (kind: torn_tail, "
             "discarded).", ["kind"], registry=r,
         )  # fmt: skip
+
+    def set_store_usage(self, usage: StoreUsage) -> None:
+        """Export one reading of the store's memory and file (slokit.store.usage)."""
+        for tag, n in usage.memory_by_tag.items():
+            self.db_memory.labels(tag=tag).set(n)
+        if usage.memory_limit_bytes is not None:
+            self.db_memory_limit.set(usage.memory_limit_bytes)
+        self.db_temp_storage.set(usage.temp_storage_bytes)
+        self.db_file.labels(part="used").set(usage.file_used_bytes)
+        self.db_file.labels(part="free").set(usage.file_free_bytes)
+        self.db_file.labels(part="wal").set(usage.wal_bytes)

@@ -50,6 +50,7 @@ from slokit.store.faults import inspect_wal
 from slokit.store.lake_export import TABLES as LAKE_TABLES
 from slokit.store.lake_export import ParquetExporter
 from slokit.store.retention import prune_requests, prune_samples, skip_vacuum
+from slokit.store.usage import read_usage
 
 log = logging.getLogger("slokit.sidecar")
 
@@ -139,6 +140,8 @@ def retention_hint(cfg: SidecarConfig) -> str | None:
 
 #: How often the requests past the retention bounds are deleted (config retention_*).
 RETENTION_INTERVAL_S = 30.0
+#: how often the store's memory and file are read for /metrics (slokit.store.usage)
+STORE_USAGE_INTERVAL_S = 10.0
 #: How far back the sidecar's periodic diagnosis looks from the newest data.
 FINDINGS_WINDOW_S = 900.0
 #: A finding counts as active (slokit_findings_active) while it ended this recently.
@@ -287,6 +290,9 @@ class Sidecar:
             nvml.start()
             self._stoppables.append(nvml.stop)
 
+        self.metrics.set_store_usage(await asyncio.to_thread(read_usage, store.con))
+        self._periodic("store_usage", STORE_USAGE_INTERVAL_S,
+                       lambda cur: self.metrics.set_store_usage(read_usage(cur)))  # fmt: skip
         self._periodic("sli", cfg.sli_interval_s, self._sli_tick)
         if cfg.diagnose_interval_s > 0:  # 0: no periodic findings, the analysis stack unloaded
             self._periodic("findings", cfg.diagnose_interval_s, self._findings_tick)

@@ -11,6 +11,7 @@ from sidecar_harness import Running, StartSidecar, post, wait_for
 
 from slokit.client import SidecarClient
 from slokit.errors import NotFound
+from slokit.store.usage import read_usage
 
 REPO = Path(__file__).resolve().parents[2]
 SLO = REPO / "examples" / "slo" / "chat.yaml"
@@ -151,3 +152,31 @@ def test_the_running_sidecar_can_be_found_from_its_db_file(start_sidecar: StartS
     assert httpx.get(f"{find_sidecar(sc.db)}/healthz").status_code == 200
     discovery_path(sc.db).write_text('{"api": "http://127.0.0.1:1", "pid": 999999999}')
     assert find_sidecar(sc.db) is None  # a dead sidecar's leftover is ignored
+
+
+def test_metrics_expose_the_store_s_memory_against_its_limit(
+    start_sidecar: StartSidecar, export_body: bytes
+) -> None:
+    sc = start_sidecar(db_memory_limit="64MB")
+    assert post(sc.otlp, export_body).status_code == 200
+    with sc.committed().cursor() as cur:  # the periodic read, now
+        sc.sidecar.metrics.set_store_usage(read_usage(cur))
+    fams = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{sc.api}/metrics").text)}
+    limit = fams["slokit_db_memory_limit_bytes"].samples[0].value
+    assert abs(limit - 64_000_000) <= 640_000
+    tags = {s.labels["tag"]: s.value for s in fams["slokit_db_memory_bytes"].samples}
+    assert tags["ART_INDEX"] > 0  # the requests' indexes
+    assert {"BASE_TABLE", "HASH_TABLE"} <= tags.keys()
+    parts = {s.labels["part"]: s.value for s in fams["slokit_db_file_bytes"].samples}
+    assert parts.keys() == {"used", "free", "wal"}
+    assert parts["used"] + parts["wal"] > 0
+    assert fams["slokit_db_temp_storage_bytes"].samples[0].value == 0
+
+
+def test_metrics_expose_the_store_s_memory_limit_from_the_start(
+    start_sidecar: StartSidecar,
+) -> None:
+    sc = start_sidecar()
+    limit = sc.value("slokit_db_memory_limit_bytes")
+    assert abs(limit - 128_000_000) <= 1_280_000  # the default db_memory_limit, 128MB
+    assert sc.registry.get_sample_value("slokit_db_memory_bytes", {"tag": "ART_INDEX"}) is not None

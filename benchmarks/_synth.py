@@ -28,8 +28,14 @@ def llm_request_export(
     seed: int = 0,
     replica: str = "pod-a",
     t0: float = 1_795_958_000.0,
+    random_ids: bool = False,
 ) -> bytes:
-    """One ExportTraceServiceRequest body holding ``n`` llm_request spans like vLLM 0.32's."""
+    """One ExportTraceServiceRequest body holding ``n`` llm_request spans like vLLM 0.32's.
+
+    Request ids are ``cmpl-req-<index>-0`` (sequential), or with ``random_ids`` as vLLM's
+    OpenAI server makes them, ``cmpl-<32 hex>-0`` (``random_uuid()``; drawn from the seeded
+    generator, so a rerun sends the same ones): random keys land anywhere in the store's
+    indexes, which then take several times the memory sequential ones do."""
     rng = random.Random(seed + start_index)
     req = ExportTraceServiceRequest()
     rs = req.resource_spans.add()
@@ -67,7 +73,10 @@ def llm_request_export(
                 _kv("gen_ai.latency.time_in_model_prefill", prefill),
                 _kv("gen_ai.latency.time_in_model_decode", decode),
                 _kv("gen_ai.latency.time_in_model_inference", prefill + decode),
-                _kv("gen_ai.request.id", f"cmpl-req-{i}-0"),
+                _kv(
+                    "gen_ai.request.id",
+                    f"cmpl-{rng.randbytes(16).hex()}-0" if random_ids else f"cmpl-req-{i}-0",
+                ),
                 _kv("gen_ai.request.top_p", 1.0),
                 _kv("gen_ai.request.max_tokens", out),
                 _kv("gen_ai.request.temperature", 1.0),

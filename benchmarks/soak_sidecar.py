@@ -1,7 +1,8 @@
 """Soak: the sidecar (a subprocess, as deployed) against two simulated vLLM replicas.
 
 Each replica's /metrics (the real vLLM 0.32 capture, counters advancing) is scraped every
-second; its ``llm_request`` spans (wire-exact, see ``_synth``) arrive over OTLP/HTTP at
+second; its ``llm_request`` spans (wire-exact, see ``_synth``; random request ids, as vLLM's
+server makes them, so the store's indexes take what they take in a pod) arrive over OTLP/HTTP at
 ``--rate`` requests/s in total, batched as vLLM's BatchSpanProcessor sends them (512 spans,
 or whatever 5 s gathered). Measured on the sidecar process only (from /proc): CPU share of one core, RSS over
 time and its drift after warm-up; and ingest lag: the time from sending a body to its 200
@@ -96,7 +97,7 @@ def _sender(url: str, replica: int, per_s: float, stop: threading.Event,
             # spans from the future (partial_success), and the soak would measure half its load
             body = llm_request_export(n, start_index=index, seed=replica,
                                       replica=f"replica-{replica}",
-                                      t0=time.time() - index * 0.01)  # fmt: skip
+                                      t0=time.time() - index * 0.01, random_ids=True)  # fmt: skip
             index += n
             t = time.perf_counter()
             try:
@@ -121,8 +122,14 @@ def _rejected(body: bytes) -> int:
 
 def _prefill(db: Path, n: int, batch: int = 5_000) -> None:
     """Store ``n`` requests' spans in ``db`` (a new sidecar file), arrived over the
-    ``n / 100`` seconds that end a minute ago, under a replica name and request ids the
-    soak's senders do not use (theirs start at index replica x 10^9)."""
+    ``n / 100`` seconds that end a minute ago, under a replica name the soak's senders do
+    not use, with random request ids as theirs.
+
+    Its rows land in a few large row groups (about 100,000 rows), where a sidecar's own
+    checkpoints leave groups of about 25,000: the space of a pruned row group comes back only
+    once all its rows are deleted, so the file (and the blocks DuckDB caches) grows until the
+    first 100,000 prefilled requests are pruned, 8-9 minutes in at 200 req/s, and drops then.
+    Measure the steady state after that (``--warmup 600``)."""
     from slokit.sources.otlp import decode_traces
     from slokit.store.db import open_store
 
@@ -131,7 +138,8 @@ def _prefill(db: Path, n: int, batch: int = 5_000) -> None:
     with open_store(db) as store:
         for start in range(first, first + n, batch):
             body = llm_request_export(min(batch, first + n - start), start_index=start,
-                                      seed=99, replica="prefill", t0=t0)  # fmt: skip
+                                      seed=99, replica="prefill", t0=t0,
+                                      random_ids=True)  # fmt: skip
             store.append_fragments(decode_traces(body).fragments)
 
 

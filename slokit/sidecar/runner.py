@@ -290,9 +290,12 @@ class Sidecar:
             nvml.start()
             self._stoppables.append(nvml.stop)
 
-        self.metrics.set_store_usage(await asyncio.to_thread(read_usage, store.con))
-        self._periodic("store_usage", STORE_USAGE_INTERVAL_S,
-                       lambda cur: self.metrics.set_store_usage(read_usage(cur)))  # fmt: skip
+        cur = store.cursor()  # on /metrics from the start; never the writer's connection: a
+        try:  # read there would run inside the writer's transaction
+            await asyncio.to_thread(self._store_usage_tick, cur)
+        finally:
+            cur.close()
+        self._periodic("store_usage", STORE_USAGE_INTERVAL_S, self._store_usage_tick)
         self._periodic("sli", cfg.sli_interval_s, self._sli_tick)
         if cfg.diagnose_interval_s > 0:  # 0: no periodic findings, the analysis stack unloaded
             self._periodic("findings", cfg.diagnose_interval_s, self._findings_tick)
@@ -395,6 +398,9 @@ class Sidecar:
                         log.exception("periodic task %s failed", name)
 
         self._tasks.append(asyncio.create_task(loop(), name=name))
+
+    def _store_usage_tick(self, con: Any) -> None:
+        self.metrics.set_store_usage(read_usage(con))
 
     def _sli_tick(self, con: Any) -> None:
         assert self.sli is not None

@@ -44,10 +44,6 @@ class StoreUsage:
     file_free_bytes: int = 0  # blocks freed (pruned data) that new writes reuse
     wal_bytes: int = 0
 
-    @property
-    def memory_bytes(self) -> int:
-        return sum(self.memory_by_tag.values())
-
 
 def read_usage(con: duckdb.DuckDBPyConnection) -> StoreUsage:
     """Read the usage of the database ``con`` is attached to (an in-memory one has no

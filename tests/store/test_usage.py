@@ -47,7 +47,6 @@ def test_read_usage_counts_an_index_under_its_tag(tmp_path: Path) -> None:
     after = read_usage(con)
     assert before.memory_by_tag.get("ART_INDEX", 0) == 0
     assert after.memory_by_tag["ART_INDEX"] > 200_000  # at least a byte a key
-    assert after.memory_bytes == sum(after.memory_by_tag.values())
 
 
 def test_read_usage_reports_the_file_s_used_and_freed_blocks(tmp_path: Path) -> None:

@@ -152,11 +152,10 @@ def _store_usage_mb(metrics_text: str) -> dict[str, float]:
         metrics_text,
         re.M,
     ):
-        mb = float(value) / 2**20
-        if mb >= 0.05:
-            out[f"db_{label.lower()}_mb" if kind == "memory" else f"db_file_{label}_mb"] = round(
-                mb, 1
-            )
+        key = f"db_{label.lower()}_mb" if kind == "memory" else f"db_file_{label}_mb"
+        mb = round(float(value) / 2**20, 1)
+        if mb > 0:  # DuckDB lists every tag, most of them at 0
+            out[key] = mb
     return out
 
 

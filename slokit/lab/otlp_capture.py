@@ -4,6 +4,11 @@ It keeps every ``POST /v1/traces`` body exactly as received (protobuf, maybe gzi
 200 with an empty ``ExportTraceServiceResponse``. It validates nothing: it is a capture, not
 slokit's receiver.
 
+With ``forward_to`` it is a tee, as a collector fanning out to two exporters: each body is kept
+and also sent on, as received (its content type and encoding with it), to that OTLP/HTTP
+endpoint, whose answer (status, type, body) is the capture's; an endpoint that cannot be
+reached is a 502. The body is kept whatever the answer, so a sender's retry is kept twice.
+
     with OtlpHttpCapture() as capture:
         ...  # vllm --otlp-traces-endpoint capture.endpoint (http/protobuf)
         spans = capture.wait_for(lambda spans: len(spans) >= 5)
@@ -20,8 +25,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+import httpx
+
 if TYPE_CHECKING:
     from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+#: What a tee sends on with a body: what the receiver needs to read it, and its credentials.
+_FORWARDED_HEADERS = frozenset({"content-type", "content-encoding", "authorization"})
 
 # A received span with its resource attributes as plain values.
 CapturedSpan = tuple[dict[str, Any], "Span"]
@@ -43,8 +53,9 @@ class CapturedPost:
 class OtlpHttpCapture:
     """Minimal OTLP/HTTP traces receiver: keeps each POST /v1/traces, answers 200."""
 
-    def __init__(self, host: str = "127.0.0.1") -> None:
+    def __init__(self, host: str = "127.0.0.1", *, forward_to: str | None = None) -> None:
         self.posts: list[CapturedPost] = []
+        self.forward_to = forward_to
         self._lock = threading.Lock()
         capture = self
 
@@ -58,11 +69,29 @@ class OtlpHttpCapture:
                 headers = {name.lower(): value for name, value in self.headers.items()}
                 with capture._lock:
                     capture.posts.append(CapturedPost(self.path, headers, body))
+                if capture.forward_to is not None:
+                    self._forward(capture.forward_to, headers, body)
+                    return
                 # An empty ExportTraceServiceResponse serializes to zero bytes.
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.send_header("Content-Length", "0")
                 self.end_headers()
+
+            def _forward(self, url: str, headers: dict[str, str], body: bytes) -> None:
+                sent = {k: v for k, v in headers.items() if k in _FORWARDED_HEADERS}
+                try:
+                    answer = httpx.post(url, content=body, headers=sent, timeout=30)
+                except httpx.HTTPError as exc:
+                    self.send_error(502, f"forwarding to {url}: {exc}")
+                    return
+                self.send_response(answer.status_code)
+                for name in ("content-type", "retry-after"):
+                    if name in answer.headers:
+                        self.send_header(name, answer.headers[name])
+                self.send_header("Content-Length", str(len(answer.content)))
+                self.end_headers()
+                self.wfile.write(answer.content)
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -100,3 +103,62 @@ def test_wait_for_returns_as_soon_as_the_condition_holds(capture: OtlpHttpCaptur
 
 def test_wait_for_gives_up_after_the_timeout_with_what_it_has(capture: OtlpHttpCapture) -> None:
     assert capture.wait_for(lambda spans: len(spans) > 0, timeout_s=0.3) == []
+
+
+@contextlib.contextmanager
+def _refusing_receiver(status: int, retry_after: str) -> Iterator[str]:
+    """An OTLP/HTTP endpoint that answers every POST with ``status`` and a Retry-After."""
+
+    class Refuse(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(status)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Retry-After", retry_after)
+            self.send_header("Content-Length", "4")
+            self.end_headers()
+            self.wfile.write(b"busy")
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_tee_keeps_each_body_and_sends_it_on_as_received(capture: OtlpHttpCapture) -> None:
+    body = gzip.compress(_export("cmpl-r1-0"))
+    with OtlpHttpCapture(forward_to=capture.endpoint) as tee:
+        response = _post(tee, body, **{"Content-Encoding": "gzip", "Authorization": "Bearer t"})
+        assert response.status_code == 200
+        (kept,) = tee.snapshot()
+    (sent,) = capture.snapshot()
+    assert kept.body == sent.body == body
+    assert sent.headers["content-encoding"] == "gzip"
+    assert sent.headers["authorization"] == "Bearer t"
+    assert sent.headers["content-type"] == "application/x-protobuf"
+
+
+def test_a_tee_answers_with_what_the_endpoint_answered() -> None:
+    with _refusing_receiver(503, "7") as url, OtlpHttpCapture(forward_to=url) as tee:
+        response = _post(tee, _export("cmpl-r1-0"))
+        assert len(tee.snapshot()) == 1  # kept, though refused downstream
+    assert (response.status_code, response.headers["retry-after"], response.content) == (
+        503,
+        "7",
+        b"busy",
+    )
+
+
+def test_a_tee_whose_endpoint_is_unreachable_answers_502() -> None:
+    with _refusing_receiver(200, "0") as url:
+        pass  # closed: nothing listens on its port any more
+    with OtlpHttpCapture(forward_to=url) as tee:
+        response = _post(tee, _export("cmpl-r1-0"))
+    assert response.status_code == 502

@@ -127,6 +127,11 @@ class SidecarMetrics:
             "slokit_db_temp_storage_bytes",
             "What DuckDB spilled to temporary files past its memory limit.", registry=r,
         )  # fmt: skip
+        self.arrow_allocated = Gauge(
+            "slokit_arrow_allocated_bytes",
+            "What Arrow's memory pool holds for live buffers (journal batches, appends).",
+            registry=r,
+        )
         self.db_file = Gauge(
             "slokit_db_file_bytes", "The store's file: blocks used and free, and its WAL.",
             ["part"], registry=r,

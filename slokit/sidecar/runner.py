@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pyarrow as pa
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
@@ -401,6 +402,8 @@ class Sidecar:
 
     def _store_usage_tick(self, con: Any) -> None:
         self.metrics.set_store_usage(read_usage(con))
+        # outside DuckDB's count: the Arrow buffers the writer and the journal hold
+        self.metrics.arrow_allocated.set(pa.total_allocated_bytes())
 
     def _sli_tick(self, con: Any) -> None:
         assert self.sli is not None

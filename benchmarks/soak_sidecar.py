@@ -145,8 +145,11 @@ def _prefill(db: Path, n: int, batch: int = 5_000) -> None:
 
 def _store_usage_mb(metrics_text: str) -> dict[str, float]:
     """The sidecar's own reading of its store (slokit_db_*): DuckDB's memory by tag, and its
-    file's used and free blocks, in MB."""
+    file's used and free blocks, in MB; and what Arrow's pool holds (``arrow_mb``)."""
     out: dict[str, float] = {}
+    arrow = re.search(r"^slokit_arrow_allocated_bytes ([0-9.e+-]+)$", metrics_text, re.M)
+    if arrow:
+        out["arrow_mb"] = round(float(arrow.group(1)) / 2**20, 1)
     for kind, label, value in re.findall(
         r'^slokit_db_(memory|file)_bytes\{(?:tag|part)="([^"]+)"\} ([0-9.e+-]+)$',
         metrics_text,
@@ -160,7 +163,10 @@ def _store_usage_mb(metrics_text: str) -> dict[str, float]:
 
 
 def _store_part(sample: dict[str, float]) -> dict[str, float]:
-    return {"t_s": sample["t_s"], **{k: v for k, v in sample.items() if k.startswith("db_")}}
+    return {
+        "t_s": sample["t_s"],
+        **{k: v for k, v in sample.items() if k.startswith(("db_", "arrow_"))},
+    }
 
 
 def _pct(values: list[float], q: float) -> float:

@@ -132,6 +132,10 @@ class SidecarMetrics:
             "What Arrow's memory pool holds for live buffers (journal batches, appends).",
             registry=r,
         )
+        import pyarrow as pa  # loaded already in a sidecar (its writer appends Arrow tables)
+
+        # read at each scrape: one call into Arrow, outside DuckDB's count
+        self.arrow_allocated.set_function(pa.total_allocated_bytes)
         self.db_file = Gauge(
             "slokit_db_file_bytes", "The store's file: blocks used and free, and its WAL.",
             ["part"], registry=r,

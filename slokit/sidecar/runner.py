@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pyarrow as pa
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
@@ -291,11 +290,8 @@ class Sidecar:
             nvml.start()
             self._stoppables.append(nvml.stop)
 
-        cur = store.cursor()  # on /metrics from the start; never the writer's connection: a
-        try:  # read there would run inside the writer's transaction
-            await asyncio.to_thread(self._store_usage_tick, cur)
-        finally:
-            cur.close()
+        # on /metrics from the start, then every STORE_USAGE_INTERVAL_S
+        await asyncio.to_thread(self._on_cursor, store, self._store_usage_tick)
         self._periodic("store_usage", STORE_USAGE_INTERVAL_S, self._store_usage_tick)
         self._periodic("sli", cfg.sli_interval_s, self._sli_tick)
         if cfg.diagnose_interval_s > 0:  # 0: no periodic findings, the analysis stack unloaded
@@ -368,17 +364,8 @@ class Sidecar:
         assert store is not None
 
         def once() -> None:
-            if self._stopping.is_set():
-                return
-            cur = store.cursor()
-            with self._cursors_lock:
-                self._cursors.add(cur)
-            try:
-                fn(cur)
-            finally:
-                with self._cursors_lock:
-                    self._cursors.discard(cur)
-                cur.close()
+            if not self._stopping.is_set():
+                self._on_cursor(store, fn)
 
         async def loop() -> None:
             while True:
@@ -400,10 +387,21 @@ class Sidecar:
 
         self._tasks.append(asyncio.create_task(loop(), name=name))
 
+    def _on_cursor(self, store: Store, fn: Callable[[Any], Any]) -> None:
+        """``fn`` on a cursor of its own, never the writer's connection (a read there would
+        run inside the writer's transaction); stop() interrupts it while it runs."""
+        cur = store.cursor()
+        with self._cursors_lock:
+            self._cursors.add(cur)
+        try:
+            fn(cur)
+        finally:
+            with self._cursors_lock:
+                self._cursors.discard(cur)
+            cur.close()
+
     def _store_usage_tick(self, con: Any) -> None:
         self.metrics.set_store_usage(read_usage(con))
-        # outside DuckDB's count: the Arrow buffers the writer and the journal hold
-        self.metrics.arrow_allocated.set(pa.total_allocated_bytes())
 
     def _sli_tick(self, con: Any) -> None:
         assert self.sli is not None

@@ -15,6 +15,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
 from slokit.lab.otlp_capture import OtlpHttpCapture, attributes_dict
+from slokit.lab.vllm_server import free_port
 
 
 @pytest.fixture
@@ -157,8 +158,7 @@ def test_a_tee_answers_with_what_the_endpoint_answered() -> None:
 
 
 def test_a_tee_whose_endpoint_is_unreachable_answers_502() -> None:
-    with _refusing_receiver(200, "0") as url:
-        pass  # closed: nothing listens on its port any more
+    url = f"http://127.0.0.1:{free_port('127.0.0.1')}/v1/traces"  # nothing listens there
     with OtlpHttpCapture(forward_to=url) as tee:
         response = _post(tee, _export("cmpl-r1-0"))
     assert response.status_code == 502

@@ -7,7 +7,7 @@ Keys (YAML and flags share names; env is ``SLOKIT_`` + upper-case key, lists com
 ``commit_interval_s``, ``journal``, ``sample_commit_interval_s``,
 ``sli_grace_s``, ``sli_interval_s``, ``diagnose_interval_s``, ``ack_timeout_s``,
 ``scrape_timeout_s``, ``db_memory_limit``, ``scrape_sample_limit``, ``scrape_body_limit_bytes``,
-``db_threads``, ``retention_requests``, ``retention_s``, ``metrics_max_models``,
+``db_threads``, ``db_allocator_background_threads``, ``retention_requests``, ``retention_s``, ``metrics_max_models``,
 ``metrics_max_replicas``, ``metrics_allow_models``, ``metrics_allow_replicas``,
 ``metrics_max_series`` (docs/metrics.md).
 Connection hygiene: ``header_timeout_s``, ``body_timeout_s``, ``idle_timeout_s``,
@@ -95,6 +95,10 @@ class SidecarConfig:
     # spans/s in exports of 20 used 0.84x the CPU of 0 (13.7-14.0% vs 15.8-17.1% of a core,
     # benchmarks/soak_sidecar.py, taking turns); its queries are over one pod's data
     db_threads: int = 1
+    # DuckDB's allocator (jemalloc) keeps what its statements freed until a later allocation
+    # purges it; its background thread returns it to the OS once it has lain unused a few
+    # seconds. Off: a findings tick's working memory (about 30 MB) stays in RssAnon
+    db_allocator_background_threads: bool = True
     sli_grace_s: float = 30.0
     sli_interval_s: float = 5.0
     diagnose_interval_s: float = 30.0  # periodic findings; 0: off (pandas never loads)

@@ -215,6 +215,8 @@ class Sidecar:
                 raise BadInput(f"db_memory_limit {cfg.db_memory_limit!r}: {exc}") from None
         if cfg.db_threads:
             store.con.execute(f"SET threads = {int(cfg.db_threads)}")
+        if cfg.db_allocator_background_threads:  # process-wide: DuckDB has one allocator
+            store.con.execute("SET allocator_background_threads = true")
         if cfg.retention_requests or cfg.retention_s:  # pruned oldest first: no dead rows left
             skip_vacuum(store)
         journal_path = cfg.journal_path()

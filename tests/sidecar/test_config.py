@@ -160,6 +160,12 @@ def test_duckdb_runs_one_thread_unless_told_otherwise() -> None:
     assert load_config(env={}, flags={"db_threads": 4}).validate().db_threads == 4
 
 
+def test_duckdbs_allocator_background_thread_is_on_unless_told_otherwise() -> None:
+    assert load_config(env={}).validate().db_allocator_background_threads is True
+    env = {"SLOKIT_DB_ALLOCATOR_BACKGROUND_THREADS": "false"}
+    assert load_config(env=env).validate().db_allocator_background_threads is False
+
+
 @pytest.mark.parametrize("value", ["-1", "1025"])
 def test_a_thread_count_out_of_range_is_refused(value: str) -> None:
     with pytest.raises(BadInput, match="db_threads"):

@@ -23,3 +23,14 @@ def test_the_store_runs_one_thread_and_the_memory_bound_by_default(
 
 def test_the_store_runs_the_threads_it_is_given(start_sidecar: StartSidecar) -> None:
     assert _setting(start_sidecar(db_threads=3), "threads") == "3"
+
+
+def test_the_stores_allocator_returns_freed_memory_in_the_background_by_default(
+    start_sidecar: StartSidecar,
+) -> None:
+    assert _setting(start_sidecar(), "allocator_background_threads") == "True"
+
+
+def test_the_allocators_background_thread_can_be_left_off(start_sidecar: StartSidecar) -> None:
+    sc = start_sidecar(db_allocator_background_threads=False)
+    assert _setting(sc, "allocator_background_threads") == "False"

@@ -7,8 +7,8 @@ Keys (YAML and flags share names; env is ``SLOKIT_`` + upper-case key, lists com
 ``commit_interval_s``, ``journal``, ``sample_commit_interval_s``,
 ``sli_grace_s``, ``sli_interval_s``, ``diagnose_interval_s``, ``ack_timeout_s``,
 ``scrape_timeout_s``, ``db_memory_limit``, ``scrape_sample_limit``, ``scrape_body_limit_bytes``,
-``db_threads``, ``db_allocator_background_threads``, ``retention_requests``, ``retention_s``, ``metrics_max_models``,
-``metrics_max_replicas``, ``metrics_allow_models``, ``metrics_allow_replicas``,
+``db_threads``, ``db_allocator_background_threads``, ``retention_requests``, ``retention_s``,
+``metrics_max_models``, ``metrics_max_replicas``, ``metrics_allow_models``, ``metrics_allow_replicas``,
 ``metrics_max_series`` (docs/metrics.md).
 Connection hygiene: ``header_timeout_s``, ``body_timeout_s``, ``idle_timeout_s``,
 ``api_max_connections``, ``otlp_max_connections`` (docs/sidecar.md).
@@ -96,8 +96,9 @@ class SidecarConfig:
     # benchmarks/soak_sidecar.py, taking turns); its queries are over one pod's data
     db_threads: int = 1
     # DuckDB's allocator (jemalloc) keeps what its statements freed until a later allocation
-    # purges it; its background thread returns it to the OS once it has lain unused a few
-    # seconds. Off: a findings tick's working memory (about 30 MB) stays in RssAnon
+    # purges it; its background thread returns it to the OS once it has lain unused about a
+    # second. One setting for the whole process. Off: 3-14 MB more RssAnon in the soaks
+    # (docs/sidecar.md#memory-and-imports)
     db_allocator_background_threads: bool = True
     sli_grace_s: float = 30.0
     sli_interval_s: float = 5.0

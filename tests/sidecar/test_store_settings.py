@@ -25,7 +25,7 @@ def test_the_store_runs_the_threads_it_is_given(start_sidecar: StartSidecar) -> 
     assert _setting(start_sidecar(db_threads=3), "threads") == "3"
 
 
-def test_the_stores_allocator_returns_freed_memory_in_the_background_by_default(
+def test_the_store_turns_its_allocators_background_thread_on_by_default(
     start_sidecar: StartSidecar,
 ) -> None:
     assert _setting(start_sidecar(), "allocator_background_threads") == "True"

@@ -179,8 +179,9 @@ class Api:
 
     async def readyz(self, request: web.Request) -> web.Response:
         """200 when the sidecar takes data; else 503 and ``reason``, e.g. the storage fault
-        (disk full, I/O error) that fails its writes, until a write succeeds again."""
-        fault = self.store.storage_error
+        (disk full, I/O error) that fails its writes to the store or the journal, until a
+        write succeeds again."""
+        fault = self.store.storage_error or self.writer.journal_fault
         checks = {"writer": self.writer.alive, "store": self._store_open(), "storage": not fault}
         checks["started"] = self.ready()
         ok = all(checks.values())

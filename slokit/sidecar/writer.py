@@ -145,6 +145,9 @@ class Writer:
         self._flush_wanted = False
         self._commit_attempts = 0  # commits of the journaled fragments tried
         self.replayed_fragments = 0
+        #: Why the journal's last append failed (its volume full or failing), None once one
+        #: succeeds: the readiness probe reports it as it does the store's own storage fault.
+        self.journal_fault: str | None = None
         # scraped samples held for one commit per ``samples_interval_s`` (0: none held)
         self.samples_interval_s = samples_interval_s
         self._held: list[_Item] = []
@@ -348,11 +351,14 @@ class Writer:
         try:
             journal.append(tables)
         except JournalError as exc:
-            self.last_error = str(exc)
+            self.last_error = self.journal_fault = str(exc)
             log.error("writer: %s", exc)
             for i in kept:
                 i.future.set_exception(exc)
             return
+        if self.journal_fault is not None:
+            log.info("writer: the journal takes writes again (after: %s)", self.journal_fault)
+            self.journal_fault = None
         with self._cond:
             for item in kept:
                 item.deferred = True

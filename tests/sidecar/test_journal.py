@@ -289,6 +289,28 @@ def test_a_failing_database_keeps_the_journal_and_refuses_new_exports_until_it_r
     assert w.submit("fragments", [_frag("b")]).result(10) == 1
 
 
+def test_a_full_journal_volume_is_reported_until_an_append_succeeds(
+    journaled: Journaled, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = journaled.writer
+    real = os.fdatasync
+    full = threading.Event()
+    full.set()
+
+    def sync(fd: int) -> None:
+        if full.is_set():
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", sync)
+    with pytest.raises(JournalError):  # the export is told to retry later
+        w.submit("fragments", [_frag("a")]).result(10)
+    assert w.journal_fault is not None and "No space left on device" in w.journal_fault
+    full.clear()
+    assert w.submit("fragments", [_frag("a")]).result(10) == 1
+    assert w.journal_fault is None
+
+
 # -- the sidecar -----------------------------------------------------------------------------
 
 

@@ -3,6 +3,7 @@ a graceful stop checkpoints; a full volume makes the sidecar not ready, saying w
 
 from __future__ import annotations
 
+import os
 import random
 import resource
 import subprocess
@@ -196,20 +197,26 @@ def _fill_at(limit: int) -> Callable[[], None]:
     return preexec
 
 
+@pytest.mark.parametrize("commit_interval", ["0", None], ids=["commit-per-batch", "journal"])
 def test_a_sidecar_whose_volume_fills_is_not_ready_and_says_why(
-    tmp_path: Path, export_body: bytes
+    tmp_path: Path, export_body: bytes, commit_interval: str | None
 ) -> None:
-    """Never ready and 503 for ever: once commits fail for want of space (RLIMIT_FSIZE: the
+    """Never ready and 503 for ever: once writes fail for want of space (RLIMIT_FSIZE: the
     kernel refuses writes past 1 MB, as a full volume would), exports get 503 (retryable:
-    nothing is acknowledged that is not kept) and /readyz 503 with the reason."""
+    nothing is acknowledged that is not kept) and /readyz 503 with the reason. Each batch
+    committed: DuckDB's commit fails; with the journal (the default), its appends fill the
+    1 MB before an interval has passed."""
     api, otlp = _free_port(), _free_port()
     log_path = tmp_path / "sidecar.log"
+    env = dict(os.environ)
+    if commit_interval is not None:
+        env["SLOKIT_COMMIT_INTERVAL_S"] = commit_interval
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "slokit.sidecar", "--db", str(tmp_path / "full.duckdb"),
              "--replica", "full", "--listen", f"127.0.0.1:{api}",
              "--otlp-http", f"127.0.0.1:{otlp}", "--otlp-grpc", ""],
-            stdout=log, stderr=subprocess.STDOUT, preexec_fn=_fill_at(1_000_000),
+            stdout=log, stderr=subprocess.STDOUT, preexec_fn=_fill_at(1_000_000), env=env,
         )  # fmt: skip
         try:
             wait_for(lambda: _ready(proc, api) == 200, 60, "readyz 200")

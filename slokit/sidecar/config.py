@@ -75,8 +75,10 @@ class SidecarConfig:
     # > 0: acknowledge fragments once in the journal (synced), commit them to DuckDB about
     # this often in one transaction (docs/sidecar.md, "What a 200 means"); 0: commit each batch
     # before its ack. 1 s: at 200 spans/s in exports of 20, 0.78x the CPU of 0 and ack p50
-    # 17.5 vs 27 ms (benchmarks/soak_sidecar.py, same run)
-    commit_interval_s: float = 1.0
+    # 17.5 vs 27 ms; 5 s: 0.85x the CPU of 1 s (a commit costs DuckDB about 5.5 ms of CPU
+    # however few its rows), ack p50 alike (benchmarks/soak_sidecar.py, side by side). API
+    # reads commit first; the SLI counters wait sli_grace_s (30 s) anyway
+    commit_interval_s: float = 5.0
     journal: str | None = None  # the journal's path (default: the db's path + ".journal")
     # Scraped samples (engine, GPU, router, scrape health) are held and committed together
     # this often, one statement per kind (0: each scrape tick). An insert costs DuckDB about

@@ -22,7 +22,7 @@ database itself (I/O, out of memory, a closed connection) fails the whole batch 
 error instead: retrying later can help there, halving cannot.
 
 With a :class:`~slokit.sidecar.journal.Journal` (``commit_interval_s`` in the sidecar's
-config, 1 s by default), fragments are acknowledged once they are in the journal and the journal is synced,
+config, 5 s by default), fragments are acknowledged once they are in the journal and the journal is synced,
 and the journal's content is committed to DuckDB in one transaction about every
 ``commit_interval_s`` (sooner when ``batch_max`` fragments wait, when :meth:`Writer.flush` is
 called, and on stop). Their weight stays on the queue's bound until DuckDB has them. A commit

@@ -35,8 +35,10 @@ BASE = SidecarConfig(
     otlp_grpc="127.0.0.1:0",
     listen="127.0.0.1:0",
     replica="test-pod",
+    # the periodic steps on short intervals, so that a test does not wait for them
     sli_interval_s=0.2,
     sli_grace_s=0.5,
+    commit_interval_s=0.5,
 )
 
 

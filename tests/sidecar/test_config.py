@@ -138,7 +138,7 @@ def test_sidecar_with_a_blank_token_exits_2_with_a_one_line_reason(tmp_path: Pat
 
 def test_the_journal_lives_beside_the_database_by_default() -> None:
     cfg = load_config(env={"SLOKIT_DB": "/data/s.duckdb"})
-    assert cfg.commit_interval_s == 1.0
+    assert cfg.commit_interval_s == 5.0
     assert cfg.validate().journal_path() == "/data/s.duckdb.journal"
     off = {"SLOKIT_COMMIT_INTERVAL_S": "0", "SLOKIT_DB": "/data/s.duckdb"}
     assert load_config(env=off).journal_path() is None  # each batch committed before its ack

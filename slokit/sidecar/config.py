@@ -8,6 +8,7 @@ Keys (YAML and flags share names; env is ``SLOKIT_`` + upper-case key, lists com
 ``sli_grace_s``, ``sli_interval_s``, ``diagnose_interval_s``, ``ack_timeout_s``,
 ``scrape_timeout_s``, ``db_memory_limit``, ``scrape_sample_limit``, ``scrape_body_limit_bytes``,
 ``db_threads``, ``db_allocator_background_threads``, ``retention_requests``, ``retention_s``,
+``lake_hold_requests``,
 ``metrics_max_models``, ``metrics_max_replicas``, ``metrics_allow_models``, ``metrics_allow_replicas``,
 ``metrics_max_series`` (docs/metrics.md).
 Connection hygiene: ``header_timeout_s``, ``body_timeout_s``, ``idle_timeout_s``,
@@ -93,6 +94,11 @@ class SidecarConfig:
     # ... and none first seen longer ago than this, nor any sample, scrape or finding older
     # (0: no age bound)
     retention_s: float = 86_400.0
+    # With a lake (parquet_dir), requests it has not written, or still revisits (30 min), are
+    # kept past retention_requests, up to this many more; past that the oldest go anyway (a
+    # lake that cannot write must not grow the indexes until DuckDB's commits fail), counted in
+    # slokit_requests_pruned_before_lake_total. 100,000: 19-28 MB more index at most
+    lake_hold_requests: int = 100_000
     # DuckDB's worker threads (0: one per core, DuckDB's default). 1: the sidecar at 200
     # spans/s in exports of 20 used 0.84x the CPU of 0 (13.7-14.0% vs 15.8-17.1% of a core,
     # benchmarks/soak_sidecar.py, taking turns); its queries are over one pod's data
@@ -192,6 +198,8 @@ class SidecarConfig:
         if self.retention_requests != 0 and self.retention_requests < MIN_RETENTION_REQUESTS:
             raise BadInput(f"retention_requests must be 0 (keep all) or >= "
                            f"{MIN_RETENTION_REQUESTS}, got {self.retention_requests}")  # fmt: skip
+        if self.lake_hold_requests < 0:
+            raise BadInput(f"lake_hold_requests must be >= 0, got {self.lake_hold_requests}")
         if not math.isfinite(self.retention_s) or (
             self.retention_s != 0 and self.retention_s < MIN_RETENTION_S
         ):

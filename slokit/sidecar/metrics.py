@@ -93,6 +93,12 @@ class SidecarMetrics:
             "Requests deleted from the store by retention (retention_requests, retention_s).",
             registry=r,
         )
+        self.requests_pruned_before_lake = Counter(
+            "slokit_requests_pruned_before_lake",
+            "Requests deleted past retention_requests + lake_hold_requests before the lake "
+            "settled them; state: unwritten (their minute not in the lake) or revisited (in "
+            "the lake as first written, without later changes).", ["state"], registry=r,
+        )  # fmt: skip
         self.rows_pruned = Counter(
             "slokit_rows_pruned_total",
             "Rows of the store's time series (samples, scrapes, findings) deleted by retention "

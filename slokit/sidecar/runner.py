@@ -49,7 +49,7 @@ from slokit.store.db import Store, open_store
 from slokit.store.faults import inspect_wal
 from slokit.store.lake_export import TABLES as LAKE_TABLES
 from slokit.store.lake_export import ParquetExporter
-from slokit.store.retention import prune_requests, prune_samples, skip_vacuum
+from slokit.store.retention import prune_past_hold, prune_requests, prune_samples, skip_vacuum
 from slokit.store.usage import read_usage
 
 log = logging.getLogger("slokit.sidecar")
@@ -140,6 +140,8 @@ def retention_hint(cfg: SidecarConfig) -> str | None:
 
 #: How often the requests past the retention bounds are deleted (config retention_*).
 RETENTION_INTERVAL_S = 30.0
+#: How long retention waits for a lake's tick to end before deleting what the lake may write.
+LAKE_PAUSE_WAIT_S = 10.0
 #: how often the store's memory and file are read for /metrics (slokit.store.usage)
 STORE_USAGE_INTERVAL_S = 10.0
 #: How far back the sidecar's periodic diagnosis looks from the newest data.
@@ -430,11 +432,39 @@ class Sidecar:
             self.metrics.requests_pruned.inc(pruned.requests)
             log.debug("retention: deleted %d requests (%d fragments)", pruned.requests,
                       pruned.fragments)  # fmt: skip
+        if lake is not None and cfg.retention_requests:
+            self._prune_past_hold(store, lake, cfg.retention_requests + cfg.lake_hold_requests)
         if not cfg.retention_s:
             return
         rows = prune_samples(store, now=now, max_age_s=cfg.retention_s, keep_from=keep)
         for table, n in rows.items():
             self.metrics.rows_pruned.labels(table=table).inc(n)
+
+    def _prune_past_hold(self, store: Store, lake: ParquetExporter, bound: int) -> None:
+        """Keep the store within ``bound`` requests whatever the lake has written (a lake
+        that cannot write would hold every request): the oldest go, and the lake stops
+        revisiting their minutes, which would otherwise be written again without them."""
+        with lake.paused(LAKE_PAUSE_WAIT_S) as paused:
+            if not paused:  # a lake tick still running (a slow bucket): the next round
+                log.debug("retention: the lake's tick is running; the bound waits a round")
+                return
+            gone = prune_past_hold(
+                store, max_requests=bound, written_before=lake.written_before("requests")
+            )
+            if gone.newest_arrival is not None:
+                lake.stop_revisiting("requests", gone.newest_arrival)
+        if not gone.requests:
+            return
+        self.metrics.requests_pruned.inc(gone.requests)
+        m = self.metrics.requests_pruned_before_lake
+        m.labels(state="unwritten").inc(gone.unwritten)
+        m.labels(state="revisited").inc(gone.requests - gone.unwritten)
+        log.warning(
+            "retention: the store holds more than %d requests (retention_requests + "
+            "lake_hold_requests): deleted the oldest %d before the lake settled them, %d of "
+            "them in minutes it has not written",
+            bound, gone.requests, gone.unwritten,
+        )  # fmt: skip
 
     def _findings_tick(self, con: Any) -> None:
         """Diagnose the recent window, store its findings (``explain`` reads them) and export

@@ -38,8 +38,10 @@ import logging
 import math
 import os
 import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,6 +119,8 @@ class _Written:
 class _TableState:
     through: int | None = None  # every minute before this one is written (epoch minutes)
     recent: dict[int, _Written] = field(default_factory=dict)
+    # minutes before this one are no longer revisited, however recent (stop_revisiting)
+    revisit_from: int | None = None
 
 
 class ParquetExporter:
@@ -145,6 +149,8 @@ class ParquetExporter:
             state_path = str(Path(self.out) / "_exported" / f"{quote(self.writer, safe='')}.json")
         self._state_path = Path(state_path) if state_path else None
         self._state: dict[str, _TableState] | None = None
+        # held by a tick and by whoever deletes rows the lake may still write (paused())
+        self._lock = threading.Lock()
 
     # -- markers -----------------------------------------------------------------------------
     def _load(self) -> dict[str, _TableState]:
@@ -161,6 +167,7 @@ class ParquetExporter:
                             int(m): _Written(w["fingerprint"], w["replicas"])
                             for m, w in st["recent"].items()
                         },
+                        revisit_from=st.get("revisit_from"),
                     )
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("parquet export: unreadable %s (%s): writing again", self._state_path, exc)
@@ -175,6 +182,7 @@ class ParquetExporter:
             "tables": {
                 name: {
                     "through": st.through,
+                    "revisit_from": st.revisit_from,
                     "recent": {
                         str(m): {"fingerprint": w.fingerprint, "replicas": w.replicas}
                         for m, w in sorted(st.recent.items())
@@ -197,10 +205,47 @@ class ParquetExporter:
             return None
         return 60.0 * min((st.through, *st.recent))
 
+    def written_before(self, table: str) -> float:
+        """Epoch seconds before which every minute of ``table`` is written (0: none yet)."""
+        st = (self._state or {}).get(table)
+        return 0.0 if st is None or st.through is None else 60.0 * st.through
+
+    @contextmanager
+    def paused(self, timeout_s: float) -> Iterator[bool]:
+        """No tick runs inside this block (True), or one still ran after ``timeout_s``
+        (False: the caller does not touch rows the lake may write, and tries later)."""
+        got = self._lock.acquire(timeout=timeout_s)
+        try:
+            yield got
+        finally:
+            if got:
+                self._lock.release()
+
+    def stop_revisiting(self, table: str, until: float) -> None:
+        """Stop revisiting the written minutes of ``table`` that begin at or before ``until``
+        (epoch seconds): the store deleted rows there to stay within its bound, and a revisit
+        would write those minutes again without them (or remove their files). The lake keeps
+        them as they were written. Call it inside :meth:`paused`."""
+        if self._state is None:
+            self._state = self._load()
+        st = self._state[table]
+        first = math.floor(until / 60) + 1
+        if st.revisit_from is None or first > st.revisit_from:
+            st.revisit_from = first
+            st.recent = {m: w for m, w in st.recent.items() if m >= first}
+            try:
+                self._save(self._state)
+            except OSError as exc:  # the lake's volume: the next tick saves it
+                log.warning("parquet export: cannot save %s (%s)", self._state_path, exc)
+
     # -- the tick ------------------------------------------------------------------------------
     def export_closed_minutes(self, con: duckdb.DuckDBPyConnection) -> list[str]:
         """Write the closed minutes not yet written and the recent ones that changed; returns
         ``<table>/<YYYY-MM-DDTHH:MM>`` of each minute written."""
+        with self._lock:
+            return self._export_closed_minutes(con)
+
+    def _export_closed_minutes(self, con: duckdb.DuckDBPyConnection) -> list[str]:
         if self._state is None:
             self._state = self._load()
         state = self._state
@@ -271,7 +316,11 @@ class ParquetExporter:
         if table.stamp_column is None or st.through is None:
             return []
         lo = st.through - self.revisit_minutes
+        if st.revisit_from is not None:
+            lo = max(lo, st.revisit_from)
         st.recent = {m: w for m, w in st.recent.items() if m >= lo}
+        if lo >= st.through:
+            return []
         now = self._fingerprints(con, table, lo, st.through)
         changed = {
             m for m, fp in now.items() if m not in st.recent or st.recent[m].fingerprint != fp

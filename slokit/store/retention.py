@@ -18,6 +18,14 @@ seen (``first_ingested_at``: the store's own clock, not a sender's) before
 id). ``keep_arrivals_from`` keeps the requests that arrived at or after it (the Parquet lake's:
 minutes it has not written yet, or may still write again).
 
+:func:`prune_past_hold` is the bound that nothing holds back: the oldest requests beyond
+``max_requests`` are deleted whatever a lake has written. A lake that cannot write (its volume
+full, its bucket unreachable) would otherwise keep every request, and the indexes would grow
+until DuckDB's commits fail; and a healthy lake revisits its minutes for 30 minutes, more
+requests than the bound at a high rate. It says how many of those it deleted arrived in
+minutes the lake had not written, and the newest arrival it deleted (the lake stops revisiting
+the minutes up to it, which would otherwise be written again without the deleted rows).
+
 :func:`prune_samples` deletes, by age alone, the rows of the store's time series (engine, GPU
 and router samples, scrapes, findings, rejection and unjoined-span counts) dated before
 ``now - max_age_s``, except those a lake has not written yet. They have no index: the delete
@@ -41,6 +49,8 @@ __all__ = [
     "PRUNE_CHUNK",
     "SAMPLE_TABLES",
     "Pruned",
+    "PrunedPastHold",
+    "prune_past_hold",
     "prune_requests",
     "prune_samples",
     "skip_vacuum",
@@ -71,6 +81,18 @@ class Pruned:
 
     requests: int = 0
     fragments: int = 0
+
+
+@dataclass(frozen=True)
+class PrunedPastHold:
+    """What one :func:`prune_past_hold` deleted: ``unwritten`` of the ``requests`` arrived at
+    or after ``written_before`` (in minutes the lake had not written); ``newest_arrival`` is
+    the latest arrival among them (epoch seconds; None when none had one)."""
+
+    requests: int = 0
+    fragments: int = 0
+    unwritten: int = 0
+    newest_arrival: float | None = None
 
 
 def prune_requests(
@@ -137,6 +159,38 @@ def _prune_chunk(
     if store._rows_estimate is not None:
         store._rows_estimate = max(0, store._rows_estimate - fragments)
     return int(requests), int(fragments)
+
+
+def prune_past_hold(store: Store, *, max_requests: int, written_before: float) -> PrunedPastHold:
+    """Delete the oldest requests (first seen, ties by id) beyond the newest ``max_requests``,
+    whatever a lake holds back; ``written_before`` (epoch seconds): the lake has written every
+    minute before it."""
+    requests = fragments = unwritten = 0
+    newest: float | None = None
+    while True:
+        with store.transaction() as con:
+            excess = int(run(con, "SELECT count(*) FROM requests")[0][0]) - max_requests
+            if excess <= 0:
+                break
+            slokit_gone = con.sql(  # noqa: F841 - the statements below read it by name
+                f"SELECT request_id, epoch(arrival_ts) AS a FROM requests "
+                f"ORDER BY {_FIRST_SEEN}, request_id LIMIT ?",
+                params=[min(excess, PRUNE_CHUNK)],
+            ).to_arrow_table()
+            n_new, last = con.execute(
+                "SELECT count(*) FILTER (WHERE a >= ?), max(a) FROM slokit_gone", [written_before]
+            ).fetchall()[0]
+            gone = "request_id IN (SELECT request_id FROM slokit_gone)"
+            n_frag = con.execute(f"DELETE FROM request_fragments WHERE {gone}").fetchall()[0][0]
+            n_req = con.execute(f"DELETE FROM requests WHERE {gone}").fetchall()[0][0]
+        requests += int(n_req)
+        fragments += int(n_frag)
+        unwritten += int(n_new)
+        if last is not None:
+            newest = float(last) if newest is None else max(newest, float(last))
+        if store._rows_estimate is not None:
+            store._rows_estimate = max(0, store._rows_estimate - int(n_frag))
+    return PrunedPastHold(requests, fragments, unwritten, newest)
 
 
 def prune_samples(

@@ -200,3 +200,11 @@ def test_the_store_keeps_150000_requests_and_a_day_unless_told_otherwise() -> No
 def test_a_retention_below_what_the_findings_read_is_refused(key: str, value: str) -> None:
     with pytest.raises(BadInput, match=key.lower()):
         load_config(env={f"SLOKIT_{key}": value}).validate()
+
+
+def test_a_lake_holds_back_at_most_100000_requests_unless_told_otherwise() -> None:
+    assert load_config(env={}).validate().lake_hold_requests == 100_000
+    none = load_config(env={"SLOKIT_LAKE_HOLD_REQUESTS": "0"}).validate()
+    assert none.lake_hold_requests == 0  # the lake holds nothing past retention_requests
+    with pytest.raises(BadInput, match="lake_hold_requests"):
+        load_config(env={"SLOKIT_LAKE_HOLD_REQUESTS": "-1"}).validate()

@@ -4,6 +4,7 @@ that changed records are written again, and that replicas survive the round trip
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import duckdb
@@ -112,6 +113,63 @@ def test_a_record_completed_after_its_minute_was_written_is_written_again(
     assert exp.export_closed_minutes(store.con) == ["requests/2023-11-14T22:14"]
     assert _read(tmp_path, "requests", "count(*), count(finish_ts)") == (2, 1)
     assert exp.export_closed_minutes(store.con) == []
+
+
+def test_a_minute_no_longer_revisited_keeps_the_rows_written_when_the_store_deletes_them(
+    tmp_path: Path, store: Store
+) -> None:
+    store.append_fragments([_request(i, T0 + i) for i in range(4)])
+    now = [T0 + 120]
+    exp = ParquetExporter(str(tmp_path), writer="w", clock=lambda: now[0])
+    assert exp.export_closed_minutes(store.con) == ["requests/2023-11-14T22:14"]
+    with exp.paused(1.0) as paused:  # the store needs room: the two oldest go
+        assert paused
+        store.con.execute("DELETE FROM requests WHERE request_id IN ('r0', 'r1')")
+        exp.stop_revisiting("requests", T0 + 1)
+    now[0] += 10
+    assert exp.export_closed_minutes(store.con) == []  # not written again without them
+    assert _read(tmp_path, "requests") == 4
+    assert exp.settled_before("requests") == T0 + 60
+    again = ParquetExporter(str(tmp_path), writer="w", clock=lambda: now[0])  # restarted
+    assert again.export_closed_minutes(store.con) == []
+
+
+def test_a_revisited_minute_whose_rows_were_deleted_is_written_again_without_them(
+    tmp_path: Path, store: Store
+) -> None:
+    """What stop_revisiting prevents: a revisit sees the minute changed."""
+    store.append_fragments([_request(i, T0 + i) for i in range(4)])
+    now = [T0 + 120]
+    exp = ParquetExporter(str(tmp_path), writer="w", clock=lambda: now[0])
+    exp.export_closed_minutes(store.con)
+    store.con.execute("DELETE FROM requests WHERE request_id IN ('r0', 'r1')")
+    now[0] += 10
+    assert exp.export_closed_minutes(store.con) == ["requests/2023-11-14T22:14"]
+    assert _read(tmp_path, "requests") == 2
+
+
+def test_a_tick_waits_for_whoever_paused_the_lake(
+    tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exp = ParquetExporter(str(tmp_path), writer="w", clock=lambda: T0 + 120)
+    events: list[str] = []
+    real = ParquetExporter._export_closed_minutes
+
+    def tick(self: ParquetExporter, con: duckdb.DuckDBPyConnection) -> list[str]:
+        events.append("tick")
+        return real(self, con)
+
+    monkeypatch.setattr(ParquetExporter, "_export_closed_minutes", tick)
+    with exp.paused(1.0) as paused:
+        assert paused
+        with exp.paused(0.01) as again:  # held: a second pause times out
+            assert not again
+        thread = threading.Thread(target=exp.export_closed_minutes, args=(store.con.cursor(),))
+        thread.start()
+        thread.join(0.2)
+        events.append("resumed")
+    thread.join(10)
+    assert events == ["resumed", "tick"]
 
 
 def test_replaced_findings_replace_their_files(tmp_path: Path, store: Store) -> None:

@@ -32,6 +32,29 @@ def test_the_oldest_requests_past_retention_requests_are_deleted(
     assert sc.value("slokit_requests_pruned_total") == 280
 
 
+def test_a_lake_that_cannot_write_holds_back_no_more_than_lake_hold_requests(
+    start_sidecar: StartSidecar, export_body: bytes, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    monkeypatch.setattr(runner, "RETENTION_INTERVAL_S", 0.05)
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the lake's directory should be")
+    sc = start_sidecar(retention_requests=1000, lake_hold_requests=500,
+                       parquet_dir=str(blocker / "lake"))  # fmt: skip
+    batches = [relabel(export_body, f"b{i:02d}") for i in range(30)]  # 30 x 64 requests
+    for body, _ in batches:
+        assert post(sc.otlp, body).status_code == 200
+        sc.committed()  # one commit per export: the batches are first seen in order
+    wait_for(lambda: sc.value("slokit_requests_pruned_total") >= 420, timeout=60,
+             what="the bound past the lake's hold")  # fmt: skip
+    stored = request_ids(sc)
+    assert len(stored) == 1500
+    assert set(batches[-1][1]) <= stored  # the newest are kept
+    assert not set(batches[0][1]) & stored
+    unwritten = {"state": "unwritten"}
+    assert sc.value("slokit_requests_pruned_before_lake_total", **unwritten) == 420
+
+
 def test_explaining_a_request_it_no_longer_holds_says_where_it_went(
     start_sidecar: StartSidecar,
 ) -> None:

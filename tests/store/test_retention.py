@@ -12,7 +12,7 @@ from slokit.records import RequestFragment
 from slokit.store import retention
 from slokit.store.db import Store, open_store
 from slokit.store.merge import merge_sql
-from slokit.store.retention import prune_requests
+from slokit.store.retention import prune_past_hold, prune_requests
 
 T0 = 1_795_958_000.0
 
@@ -110,6 +110,36 @@ def test_a_backlog_is_deleted_in_chunks_to_the_bound(
     _ingest(store, clock, [f"r{i:02d}" for i in range(20)], T0)
     _ingest(store, clock, ["last"], T0 + 1)
     assert prune_requests(store, now=T0 + 2, max_requests=1).requests == 20
+    assert _ids(store, "requests") == ["last"]
+
+
+def test_past_the_hold_the_oldest_go_whatever_a_lake_has_written(
+    store: Store, clock: Clock
+) -> None:
+    for i in range(4):  # arrived a minute apart; the lake wrote the first two minutes
+        _ingest(store, clock, [f"r{i}"], T0 + i, arrival=T0 + 60 * i)
+    gone = prune_past_hold(store, max_requests=1, written_before=T0 + 120)
+    assert (gone.requests, gone.fragments) == (3, 6)
+    assert gone.unwritten == 1  # r2 arrived in a minute the lake had not written
+    assert gone.newest_arrival == T0 + 120
+    assert _ids(store, "requests") == ["r3"]
+
+
+def test_within_the_hold_nothing_goes(store: Store, clock: Clock) -> None:
+    _ingest(store, clock, ["a", "b"], T0)
+    gone = prune_past_hold(store, max_requests=2, written_before=0.0)
+    assert (gone.requests, gone.unwritten, gone.newest_arrival) == (0, 0, None)
+    assert _ids(store, "requests") == ["a", "b"]
+
+
+def test_past_the_hold_a_backlog_goes_in_chunks(
+    store: Store, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(retention, "PRUNE_CHUNK", 3)
+    _ingest(store, clock, [f"r{i:02d}" for i in range(10)], T0)
+    _ingest(store, clock, ["last"], T0 + 1, arrival=T0 + 5)
+    gone = prune_past_hold(store, max_requests=1, written_before=0.0)
+    assert (gone.requests, gone.unwritten, gone.newest_arrival) == (10, 10, T0)
     assert _ids(store, "requests") == ["last"]
 
 

@@ -225,11 +225,15 @@ class ParquetExporter:
         """Stop revisiting the written minutes of ``table`` that begin at or before ``until``
         (epoch seconds): the store deleted rows there to stay within its bound, and a revisit
         would write those minutes again without them (or remove their files). The lake keeps
-        them as they were written. Call it inside :meth:`paused`."""
+        them as they were written. Call it inside :meth:`paused`. Minutes not written yet are
+        left alone (a sender's clock ahead must not end the revisits of the minutes to come):
+        they are written with the rows left, and a later call covers them."""
         if self._state is None:
             self._state = self._load()
         st = self._state[table]
-        first = math.floor(until / 60) + 1
+        if st.through is None:  # nothing written: nothing to stop revisiting
+            return
+        first = min(math.floor(until / 60) + 1, st.through)
         if st.revisit_from is None or first > st.revisit_from:
             st.revisit_from = first
             st.recent = {m: w for m, w in st.recent.items() if m >= first}

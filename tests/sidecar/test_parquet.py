@@ -134,6 +134,24 @@ def test_a_minute_no_longer_revisited_keeps_the_rows_written_when_the_store_dele
     assert again.export_closed_minutes(store.con) == []
 
 
+def test_stopping_revisits_past_what_is_written_leaves_the_minutes_to_come_revisited(
+    tmp_path: Path, store: Store
+) -> None:
+    store.append_fragments([_request(1, T0 + 1)])
+    now = [T0 + 120]
+    exp = ParquetExporter(str(tmp_path), writer="w", clock=lambda: now[0])
+    exp.export_closed_minutes(store.con)
+    with exp.paused(1.0):
+        exp.stop_revisiting("requests", T0 + 86_400)  # a deleted request a sender dated ahead
+    store.append_fragments([_request(2, T0 + 61)])  # the next minute, written, then completed
+    now[0] += 60
+    assert exp.export_closed_minutes(store.con) == ["requests/2023-11-14T22:15"]
+    store.append_fragments([_request(2, T0 + 61, finish_ts=T0 + 200, status="ok")])
+    now[0] += 10
+    assert exp.export_closed_minutes(store.con) == ["requests/2023-11-14T22:15"]
+    assert _read(tmp_path, "requests", "count(finish_ts)") == 1
+
+
 def test_a_revisited_minute_whose_rows_were_deleted_is_written_again_without_them(
     tmp_path: Path, store: Store
 ) -> None:

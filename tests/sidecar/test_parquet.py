@@ -115,13 +115,19 @@ def test_a_record_completed_after_its_minute_was_written_is_written_again(
     assert exp.export_closed_minutes(store.con) == []
 
 
-def test_a_minute_no_longer_revisited_keeps_the_rows_written_when_the_store_deletes_them(
-    tmp_path: Path, store: Store
-) -> None:
+def _four_written(tmp_path: Path, store: Store) -> tuple[ParquetExporter, list[float]]:
+    """Four requests of minute 22:14 written to the lake; the exporter and its clock."""
     store.append_fragments([_request(i, T0 + i) for i in range(4)])
     now = [T0 + 120]
     exp = ParquetExporter(str(tmp_path), writer="w", clock=lambda: now[0])
     assert exp.export_closed_minutes(store.con) == ["requests/2023-11-14T22:14"]
+    return exp, now
+
+
+def test_a_minute_no_longer_revisited_keeps_the_rows_written_when_the_store_deletes_them(
+    tmp_path: Path, store: Store
+) -> None:
+    exp, now = _four_written(tmp_path, store)
     with exp.paused(1.0) as paused:  # the store needs room: the two oldest go
         assert paused
         store.con.execute("DELETE FROM requests WHERE request_id IN ('r0', 'r1')")
@@ -156,10 +162,7 @@ def test_a_revisited_minute_whose_rows_were_deleted_is_written_again_without_the
     tmp_path: Path, store: Store
 ) -> None:
     """What stop_revisiting prevents: a revisit sees the minute changed."""
-    store.append_fragments([_request(i, T0 + i) for i in range(4)])
-    now = [T0 + 120]
-    exp = ParquetExporter(str(tmp_path), writer="w", clock=lambda: now[0])
-    exp.export_closed_minutes(store.con)
+    exp, now = _four_written(tmp_path, store)
     store.con.execute("DELETE FROM requests WHERE request_id IN ('r0', 'r1')")
     now[0] += 10
     assert exp.export_closed_minutes(store.con) == ["requests/2023-11-14T22:14"]

@@ -91,18 +91,24 @@ def _doc(rise_s: float) -> dict[str, Any]:
 _RUN = [(0.0, 0.0), (40.0, 0.4), (60.0, 1.0)]
 
 
-def test_a_rise_the_extra_waiting_covers_half_of_is_confirmed() -> None:
-    # 10 ms more waiting per request covers half of a 19 ms rise
-    assert starved_frontends(_doc(0.019), _waits(_RUN)) == {"frontend_bound@pod-a"}
+def test_a_rise_the_episodes_waiting_covers_half_of_is_confirmed() -> None:
+    # 15 ms of waiting per request covers half of a 29 ms rise
+    assert starved_frontends(_doc(0.029), _waits(_RUN)) == {"frontend_bound@pod-a"}
 
 
-def test_a_rise_more_than_twice_the_extra_waiting_is_not_confirmed() -> None:
-    assert starved_frontends(_doc(0.021), _waits(_RUN)) == set()
+def test_a_rise_more_than_twice_the_episodes_waiting_is_not_confirmed() -> None:
+    assert starved_frontends(_doc(0.031), _waits(_RUN)) == set()
 
 
-def test_without_extra_waiting_nothing_is_confirmed() -> None:
-    flat = [(0.0, 0.0), (40.0, 0.4), (60.0, 0.6)]  # 5 ms per request in both
-    assert starved_frontends(_doc(0.002), _waits(flat)) == set()
+def test_a_baseline_that_waited_longer_does_not_hide_the_episodes_waiting() -> None:
+    # 2.4 s in the baseline (30 ms per request), 0.6 s in the episode (15 ms per request)
+    eased = [(0.0, 0.0), (40.0, 2.4), (60.0, 3.0)]
+    assert starved_frontends(_doc(0.01), _waits(eased)) == {"frontend_bound@pod-a"}
+
+
+def test_loops_that_barely_waited_confirm_nothing() -> None:
+    quiet = [(0.0, 0.0), (40.0, 0.04), (60.0, 0.08)]  # 1 ms per request in the episode
+    assert starved_frontends(_doc(0.01), _waits(quiet)) == set()
 
 
 def test_the_check_reports_its_figures() -> None:

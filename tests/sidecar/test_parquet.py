@@ -169,10 +169,34 @@ def test_a_revisited_minute_whose_rows_were_deleted_is_written_again_without_the
     assert _read(tmp_path, "requests") == 2
 
 
+class _WatchedLock:
+    """The exporter's lock, which says when a thread other than the test's asks for it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.asked = threading.Event()
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if threading.current_thread() is not threading.main_thread():
+            self.asked.set()
+        return self._lock.acquire(blocking, timeout)
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
 def test_a_tick_waits_for_whoever_paused_the_lake(
     tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     exp = ParquetExporter(str(tmp_path), writer="w", clock=lambda: T0 + 120)
+    lock = _WatchedLock()
+    exp._lock = lock  # type: ignore[assignment]
     events: list[str] = []
     real = ParquetExporter._export_closed_minutes
 
@@ -187,9 +211,9 @@ def test_a_tick_waits_for_whoever_paused_the_lake(
             assert not again
         thread = threading.Thread(target=exp.export_closed_minutes, args=(store.con.cursor(),))
         thread.start()
-        thread.join(0.2)
-        events.append("resumed")
-    thread.join(10)
+        assert lock.asked.wait(30), "the tick never asked for the lock"
+        events.append("resumed")  # the tick asked, and cannot run until the pause ends
+    thread.join(30)
     assert events == ["resumed", "tick"]
 
 

@@ -8,7 +8,7 @@ VLLM_VENV := .venv-vllm
 
 help:
 	@echo "make demo       the main job on the simulator: replicas, sidecar, load, findings, explain"
-	@echo "make test       the whole suite (bootstraps .venv, .venv-vllm, prometheus, chromium)"
+	@echo "make test       the whole suite (bootstraps .venv, .venv-vllm, prometheus, chromium, gcc)"
 	@echo "make test-fast  unit tests only (no real vLLM, no Prometheus, no browser)"
 	@echo "make lint       ruff + mypy"
 	@echo "make bench      benchmarks (figures quoted in README)"

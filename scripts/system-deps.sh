@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Debian packages the integration tests use: the real Prometheus server and promtool, and
-# headless Chromium for the HTML report. Installs only what is missing (needs root or sudo).
+# Debian packages the integration tests use: the real Prometheus server and promtool,
+# headless Chromium for the HTML report, and a C compiler (gcc). Installs only what is
+# missing (needs root or sudo).
 set -euo pipefail
 need=()
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+# a C compiler: the thread tests build a small LD_PRELOAD library (tests/sidecar/fake_cpus.py)
+command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi

@@ -89,11 +89,15 @@ def command(config_file: str | None, log_level: str, **flags: Any) -> None:
 
     Binds 127.0.0.1 by default; any other address needs --token.
     """
+    from slokit._native_threads import bound_native_threads
     from slokit.sidecar import lograte
     from slokit.sidecar.config import load_config
-    from slokit.sidecar.runner import run
 
     config = load_config(config_file, flags=flags).validate()  # a bad value: exit 2, one line
+    # before the runner imports numpy and pyarrow: their pools are sized when they load
+    bound_native_threads(config.native_threads)
+    from slokit.sidecar.runner import run
+
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
     # A line repeated by a flood (bad requests, accept() errors) is logged a few times per

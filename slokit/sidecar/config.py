@@ -7,7 +7,7 @@ Keys (YAML and flags share names; env is ``SLOKIT_`` + upper-case key, lists com
 ``commit_interval_s``, ``journal``, ``sample_commit_interval_s``,
 ``sli_grace_s``, ``sli_interval_s``, ``diagnose_interval_s``, ``ack_timeout_s``,
 ``scrape_timeout_s``, ``db_memory_limit``, ``scrape_sample_limit``, ``scrape_body_limit_bytes``,
-``db_threads``, ``db_allocator_background_threads``, ``retention_requests``, ``retention_s``,
+``db_threads``, ``native_threads``, ``db_allocator_background_threads``, ``retention_requests``, ``retention_s``,
 ``lake_hold_requests``,
 ``metrics_max_models``, ``metrics_max_replicas``, ``metrics_allow_models``, ``metrics_allow_replicas``,
 ``metrics_max_series`` (docs/metrics.md).
@@ -103,6 +103,12 @@ class SidecarConfig:
     # spans/s in exports of 20 used 0.84x the CPU of 0 (13.7-14.0% vs 15.8-17.1% of a core,
     # benchmarks/soak_sidecar.py, taking turns); its queries are over one pod's data
     db_threads: int = 1
+    # The threads each native library's pool may start: DuckDB's async I/O threads (four per
+    # core by default), Arrow's CPU pool and numpy's BLAS (one per core each). They count the
+    # node's cores, not the pod's CPU limit: on a 64-core node a sidecar ran 331 threads where
+    # it runs 18 on 2 cores (benchmarks/threads_by_cores.py). 0: each library's default.
+    # OPENBLAS_NUM_THREADS, OMP_NUM_THREADS and MKL_NUM_THREADS in the environment win
+    native_threads: int = 1
     # DuckDB's allocator (jemalloc) keeps what its statements freed until a later allocation
     # purges it; its background thread returns it to the OS once it has lain unused about a
     # second. One setting for the whole process. Off: 3-14 MB more RssAnon in the soaks
@@ -207,6 +213,9 @@ class SidecarConfig:
                            f"seconds, got {self.retention_s}")  # fmt: skip
         if not 0 <= self.db_threads <= 1024:
             raise BadInput(f"db_threads must be 0 (one per core) to 1024, got {self.db_threads}")
+        if not 0 <= self.native_threads <= 1024:
+            raise BadInput(f"native_threads must be 0 (each library's default) to 1024, "
+                           f"got {self.native_threads}")  # fmt: skip
         if self.scrape_sample_limit < 0 or self.scrape_body_limit_bytes <= 0:
             raise BadInput("scrape_sample_limit must be >= 0, scrape_body_limit_bytes > 0")
         if min(self.metrics_max_models, self.metrics_max_replicas, self.metrics_max_series) < 1:

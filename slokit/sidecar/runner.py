@@ -16,7 +16,7 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +59,9 @@ def _aside(wal: Path, what: str) -> Path:
     return wal.with_name(f"{wal.name}.{what}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
 
 
-def open_store_quarantining(path: str, metrics: SidecarMetrics) -> Store:
+def open_store_quarantining(
+    path: str, metrics: SidecarMetrics, settings: Mapping[str, Any] | None = None
+) -> Store:
     """Open the store, saying what became of its WAL.
 
     DuckDB replays the complete commits of a WAL and drops a torn tail, and ignores a WAL it
@@ -68,10 +70,11 @@ def open_store_quarantining(path: str, metrics: SidecarMetrics) -> Store:
     beside it. A WAL DuckDB refuses to replay is set aside whole and the store opened without
     it (``slokit_wal_quarantined_total``). After a replay the store is checkpointed at once,
     so a later problem with the WAL cannot cost those records. A truncated, foreign or
-    newer-schema file raises BadInput (the sidecar exits with that line).
+    newer-schema file raises BadInput (the sidecar exits with that line). ``settings`` are
+    DuckDB's options at connect (:func:`store_settings`).
     """
     if path == ":memory:":
-        return open_store(path)
+        return open_store(path, settings=settings)
     wal = Path(path + ".wal")
     check = inspect_wal(wal)
     copy: Path | None = None
@@ -83,7 +86,7 @@ def open_store_quarantining(path: str, metrics: SidecarMetrics) -> Store:
             log.error("cannot keep a copy of the damaged WAL %s at %s: %s", wal, copy, exc)
             copy = None
     try:
-        store = open_store(path, verify=True)
+        store = open_store(path, verify=True, settings=settings)
     except BadInput as exc:
         if "WAL" not in str(exc) or not wal.exists():
             raise
@@ -99,7 +102,7 @@ def open_store_quarantining(path: str, metrics: SidecarMetrics) -> Store:
             exc,
             aside,
         )
-        return open_store(path, verify=True)
+        return open_store(path, verify=True, settings=settings)
     if check is not None and check.state == "torn_tail":
         metrics.wal_damaged.labels(kind="torn_tail").inc()
         log.error(
@@ -123,6 +126,17 @@ def open_store_quarantining(path: str, metrics: SidecarMetrics) -> Store:
         except Exception as exc:  # e.g. a full volume: the WAL still holds them
             log.warning("checkpoint after replaying %s failed: %s", wal, exc)
     return store
+
+
+def store_settings(cfg: SidecarConfig) -> dict[str, Any]:
+    """DuckDB's thread pools for the sidecar, given at connect: DuckDB starts them there, four
+    async I/O threads per core of the node unless told (``native_threads``)."""
+    settings: dict[str, Any] = {}
+    if cfg.db_threads:
+        settings["threads"] = cfg.db_threads
+    if cfg.native_threads:
+        settings["async_threads"] = cfg.native_threads
+    return settings
 
 
 def retention_hint(cfg: SidecarConfig) -> str | None:
@@ -209,14 +223,14 @@ class Sidecar:
             from slokit.analysis.slo_spec import load_spec
 
             spec = load_spec(cfg.slo)
-        store = self.store = await asyncio.to_thread(open_store_quarantining, cfg.db, self.metrics)
+        store = self.store = await asyncio.to_thread(
+            open_store_quarantining, cfg.db, self.metrics, store_settings(cfg)
+        )
         if cfg.db_memory_limit:
             try:
                 store.con.execute("SET memory_limit = ?", [cfg.db_memory_limit])
             except Exception as exc:  # duckdb.Error: a bad size string
                 raise BadInput(f"db_memory_limit {cfg.db_memory_limit!r}: {exc}") from None
-        if cfg.db_threads:
-            store.con.execute(f"SET threads = {int(cfg.db_threads)}")
         if cfg.db_allocator_background_threads:  # process-wide: DuckDB has one allocator
             store.con.execute("SET allocator_background_threads = true")
         if cfg.retention_requests or cfg.retention_s:  # pruned oldest first: no dead rows left

@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -292,6 +292,7 @@ def open_store(
     read_only: bool = False,
     clock: Callable[[], float] = time.time,
     verify: bool = False,
+    settings: Mapping[str, Any] | None = None,
 ) -> Store:
     """Open (creating and migrating if needed) the DuckDB file at ``path``.
 
@@ -300,12 +301,15 @@ def open_store(
     unreadable, that is not slokit's (tables but no ``schema_migrations``: left untouched)
     or whose schema is newer than this code is :class:`BadInput` with the reason.
     ``verify`` also checks that every table's blocks are in the file (about 0.2 s per GB).
+    ``settings`` are DuckDB options given at connect (``threads``, ``async_threads``: pools
+    that DuckDB starts there, so setting them later would start them first).
     """
     p = str(path)
     if read_only and p != ":memory:" and not Path(p).exists():
         raise BadInput(f"no slokit database at {p} (ingest something first, or pass --db)")
     try:
-        con = duckdb.connect(p, read_only=read_only, config=_thread_config())
+        config = {**_thread_config(), **(settings or {})}
+        con = duckdb.connect(p, read_only=read_only, config=config)
     except duckdb.IOException as exc:
         msg = str(exc)
         if "lock" in msg.lower():
@@ -341,11 +345,14 @@ def _thread_config() -> dict[str, Any]:
     """DuckDB's threads, bounded by the CPUs this process may run on. DuckDB counts the
     machine's cores and ignores the affinity mask (``taskset``, a container's cpuset), so a
     process pinned to one core would otherwise run two or more workers that take turns on it
-    (about 10% of an ingest's time on a 2-core machine, ``benchmarks/ingest_otlp.py``)."""
+    (about 10% of an ingest's time on a 2-core machine, ``benchmarks/ingest_otlp.py``), and
+    four async I/O threads per core of the machine."""
     if not hasattr(os, "sched_getaffinity"):
         return {}
     allowed = len(os.sched_getaffinity(0))
-    return {"threads": allowed} if allowed < (os.cpu_count() or allowed) else {}
+    if allowed >= (os.cpu_count() or allowed):
+        return {}
+    return {"threads": allowed, "async_threads": allowed}
 
 
 def _first_line(exc: BaseException) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import duckdb
 from sidecar_harness import Running, StartSidecar
 
 
@@ -34,3 +35,19 @@ def test_the_store_turns_its_allocators_background_thread_on_by_default(
 def test_the_allocators_background_thread_can_be_left_off(start_sidecar: StartSidecar) -> None:
     sc = start_sidecar(db_allocator_background_threads=False)
     assert _setting(sc, "allocator_background_threads") == "False"
+
+
+def test_the_store_starts_one_async_io_thread_by_default(start_sidecar: StartSidecar) -> None:
+    # DuckDB's default is four per core of the machine, started at connect
+    assert _setting(start_sidecar(), "async_threads") == "1"
+
+
+def test_native_threads_zero_leaves_duckdbs_async_threads_at_its_default(
+    start_sidecar: StartSidecar,
+) -> None:
+    con = duckdb.connect()
+    try:
+        default = str(con.execute("SELECT current_setting('async_threads')").fetchall()[0][0])
+    finally:
+        con.close()
+    assert _setting(start_sidecar(native_threads=0), "async_threads") == default

@@ -5,7 +5,7 @@ second; its ``llm_request`` spans (wire-exact, see ``_synth``; random request id
 server makes them, so the store's indexes take what they take in a pod) arrive over OTLP/HTTP at
 ``--rate`` requests/s in total, batched as vLLM's BatchSpanProcessor sends them (512 spans,
 or whatever 5 s gathered). Measured on the sidecar process only (from /proc): CPU share of one core, RSS over
-time and its drift after warm-up; and ingest lag: the time from sending a body to its 200
+time and its drift after warm-up, its threads; and ingest lag: the time from sending a body to its 200
 (which comes only after the spans are committed), p50/p99, plus the sidecar's own
 ``slokit_ingest_lag_seconds``.
 
@@ -194,6 +194,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--prefill", type=int, default=0,
                     help="requests stored before the sidecar starts (e.g. 150000: the "
                     "retention bound, the steady state)")  # fmt: skip
+    ap.add_argument("--sidecar-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="set in the sidecar's environment only (repeatable)")  # fmt: skip
     ap.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = ap.parse_args(argv)
     warmup = args.warmup if args.warmup is not None else max(30.0, args.duration * 0.1)
@@ -215,6 +217,11 @@ def main(argv: list[str]) -> int:
     for u in replicas.urls():
         cmd += ["--vllm-url", u]
     env = dict(os.environ)
+    for item in args.sidecar_env:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--sidecar-env {item!r}: KEY=VALUE")
+        env[key] = value
     if args.commit_interval is not None:
         env["SLOKIT_COMMIT_INTERVAL_S"] = str(args.commit_interval)
     commit_interval = load_config(env=env).commit_interval_s  # what the sidecar will use
@@ -247,7 +254,8 @@ def main(argv: list[str]) -> int:
             samples.append({"t_s": round(elapsed, 1), "cpu_s": cpu,
                             "rss_mb": round(rss["VmRSS"], 1),
                             "anon_mb": round(rss["RssAnon"], 1),
-                            "file_mb": round(rss["RssFile"], 1)})  # fmt: skip
+                            "file_mb": round(rss["RssFile"], 1),
+                            "threads": len(os.listdir(f"/proc/{proc.pid}/task"))})  # fmt: skip
             text = httpx.get(f"{base}/metrics").text
             m = re.search(r"^slokit_ingest_lag_seconds ([0-9.e+-]+)$", text, re.M)
             if m:
@@ -291,6 +299,7 @@ def main(argv: list[str]) -> int:
                 "last": anon_after[-1],
             },
             "rss_file_mb_last": after[-1]["file_mb"],
+            "threads_max": max(int(s["threads"]) for s in samples),
             "ack_latency_s": {
                 "p50": round(statistics.median(steady), 4) if steady else None,
                 "p99": round(_pct(steady, 0.99), 4),

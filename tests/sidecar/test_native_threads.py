@@ -26,6 +26,8 @@ from slokit.sidecar.config import load_config
 #: executor's lazily started workers (min(32, cores + 4)) and scheduling noise, not a pool
 #: per core (those would be 60 or more).
 SLACK = 4
+#: Counts taken 0.5 s apart before a changing count is settled by its highest.
+STEADY_TRIES = 60
 
 
 # -- the environment the libraries read ----------------------------------------------------
@@ -96,10 +98,12 @@ def _count(tmp_path: Path, lib: Path, ncpu: int, export_body: bytes, **env: str)
         assert httpx.get(url, timeout=60).json()["record"] is not None
         seen = [_threads(popen.pid)]
         while len(seen) < 3 or seen[-1] != seen[-2]:  # steady: the same count 0.5 s apart
+            if len(seen) >= STEADY_TRIES:
+                break  # still changing after 30 s: the highest count seen is the answer
             time.sleep(0.5)
             seen.append(_threads(popen.pid))
         assert popen.poll() is None, log.read_text()[-3000:]
-        return seen[-1]
+        return max(seen) if seen[-1] != seen[-2] else seen[-1]
 
 
 @pytest.mark.slow

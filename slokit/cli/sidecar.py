@@ -89,13 +89,16 @@ def command(config_file: str | None, log_level: str, **flags: Any) -> None:
 
     Binds 127.0.0.1 by default; any other address needs --token.
     """
+    from slokit._malloc import SIDECAR_ARENAS, cap_malloc_arenas
     from slokit._native_threads import bound_native_threads
     from slokit.sidecar import lograte
     from slokit.sidecar.config import load_config
 
     config = load_config(config_file, flags=flags).validate()  # a bad value: exit 2, one line
-    # before the runner imports numpy and pyarrow: their pools are sized when they load
+    # before the runner imports numpy and pyarrow (their pools are sized when they load) and
+    # before any thread starts (an arena, once made, stays)
     bound_native_threads(config.native_threads)
+    cap_malloc_arenas(SIDECAR_ARENAS)
     from slokit.sidecar.runner import run
 
     logging.basicConfig(level=log_level.upper(),

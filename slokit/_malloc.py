@@ -2,9 +2,10 @@
 
 glibc gives a thread that allocates while another holds the main heap an arena of its own, up
 to eight per core, and an arena keeps the pages it grew to. The sidecar's threads (the writer,
-the event loop, the decoders in the default executor, DuckDB's and gRPC's) each grew one. With
-two, the 200 req/s soak ended at 145.3 MB of ``RssAnon`` against 151.8 (5 minutes, side by
-side, the same CPU: ``benchmarks/soak_sidecar.py --sidecar-env MALLOC_ARENA_MAX=2``).
+the event loop, the decoders in the default executor, DuckDB's and gRPC's) each grew one: 13
+beside the main heap in a sidecar of 14 threads. With two, a 5-minute soak at 200 req/s ended
+at 146.9 MB of ``RssAnon`` against 152.6 with glibc's default (side by side, CPU 2.42% against
+2.57% of a core: ``benchmarks/soak_sidecar.py --sidecar-env MALLOC_ARENA_MAX=16``).
 
 :func:`cap_malloc_arenas` calls ``mallopt(M_ARENA_MAX, n)`` where glibc's own
 ``MALLOC_ARENA_MAX`` is not set (glibc reads it at start; a user's value wins) and where the C

@@ -7,8 +7,8 @@ Keys (YAML and flags share names; env is ``SLOKIT_`` + upper-case key, lists com
 ``commit_interval_s``, ``journal``, ``sample_commit_interval_s``,
 ``sli_grace_s``, ``sli_interval_s``, ``diagnose_interval_s``, ``ack_timeout_s``,
 ``scrape_timeout_s``, ``db_memory_limit``, ``scrape_sample_limit``, ``scrape_body_limit_bytes``,
-``db_threads``, ``native_threads``, ``db_allocator_background_threads``, ``retention_requests``, ``retention_s``,
-``lake_hold_requests``,
+``db_threads``, ``native_threads``, ``db_allocator_background_threads``, ``retention_requests``,
+``retention_s``, ``lake_hold_requests``,
 ``metrics_max_models``, ``metrics_max_replicas``, ``metrics_allow_models``, ``metrics_allow_replicas``,
 ``metrics_max_series`` (docs/metrics.md).
 Connection hygiene: ``header_timeout_s``, ``body_timeout_s``, ``idle_timeout_s``,

@@ -3,7 +3,7 @@
 Keys (YAML and flags share names; env is ``SLOKIT_`` + upper-case key, lists comma-separated):
 ``vllm_urls``, ``dcgm_urls``, ``router_urls``, ``nvml``, ``otlp_http``, ``otlp_grpc``, ``listen``, ``db``,
 ``slo``, ``replica``, ``scrape_interval_s``, ``token``, ``forward_otlp``, ``forward_content``,
-``parquet_dir``, ``max_body_bytes``, ``queue_capacity``, ``batch_max``, ``batch_linger_s``,
+``parquet_dir``, ``max_body_bytes``, ``otlp_body_budget_bytes``, ``queue_capacity``, ``batch_max``, ``batch_linger_s``,
 ``commit_interval_s``, ``journal``, ``sample_commit_interval_s``,
 ``sli_grace_s``, ``sli_interval_s``, ``diagnose_interval_s``, ``ack_timeout_s``,
 ``scrape_timeout_s``, ``db_memory_limit``, ``scrape_sample_limit``, ``scrape_body_limit_bytes``,
@@ -67,6 +67,11 @@ class SidecarConfig:
     forward_content: bool = False  # forward prompt/completion content (never stored)
     parquet_dir: str | None = None  # the lake: closed minutes as hive Parquet (docs/lake.md)
     max_body_bytes: int = 64 * 1024 * 1024
+    # The bytes of export bodies both OTLP receivers hold at once. A body waits for room up to
+    # 5 s, then gets 503 (UNAVAILABLE) with Retry-After; one larger than this takes all of it.
+    # Without it, 16 clients sending 60 MB at once took the sidecar's RSS to 759-861 MB; with
+    # it, 277 MB (benchmarks/body_budget.py)
+    otlp_body_budget_bytes: int = 64 * 1024 * 1024
     queue_capacity: int = 100_000
     batch_max: int = 5000
     # Gather concurrent exports into one transaction. 10 ms, not 50: at 200 spans/s in
@@ -192,6 +197,8 @@ class SidecarConfig:
                            f"seconds, got {self.sample_commit_interval_s}")  # fmt: skip
         if self.max_body_bytes <= 0 or self.queue_capacity <= 0:
             raise BadInput("max_body_bytes and queue_capacity must be > 0")
+        if self.otlp_body_budget_bytes <= 0:
+            raise BadInput(f"otlp_body_budget_bytes must be > 0, got {self.otlp_body_budget_bytes}")
         for key in ("header_timeout_s", "body_timeout_s", "idle_timeout_s"):
             v = getattr(self, key)
             if not math.isfinite(v) or v <= 0:

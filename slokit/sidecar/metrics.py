@@ -108,6 +108,16 @@ class SidecarMetrics:
             "slokit_otlp_requests_total", "OTLP export requests by response code.",
             ["protocol", "code"], registry=r,
         )  # fmt: skip
+        self.otlp_body_bytes_held = Gauge(
+            "slokit_otlp_body_bytes_held",
+            "Bytes of OTLP export bodies the receivers hold now (read or being read, decoded, "
+            "waiting to be durable), bounded by otlp_body_budget_bytes.", registry=r,
+        )  # fmt: skip
+        self.otlp_body_budget = Gauge(
+            "slokit_otlp_body_budget_bytes",
+            "The bound on the bytes of OTLP export bodies held at once (otlp_body_budget_bytes).",
+            registry=r,
+        )  # fmt: skip
         self.queue_depth = Gauge(
             "slokit_write_queue_depth", "Items waiting for the writer.", registry=r
         )

@@ -92,28 +92,34 @@ class OtlpGrpcReceiver:
                 code = "RESOURCE_EXHAUSTED"
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "message over the limit")
             try:
-                if len(request) >= THREAD_DECODE_BYTES:
-                    msg = await asyncio.to_thread(parse_spans, request)
-                else:
-                    msg = parse_spans(request)
-                decoded = decode_message(msg, default_replica=self.ingest.default_replica)
+                async with self.ingest.hold(len(request)):
+                    return await self._accept(request)
             except BadInput as exc:
                 code = "INVALID_ARGUMENT"
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)[:1000])
-            try:
-                accepted = await self.ingest.accept(
-                    decoded, "grpc", (request, "application/x-protobuf", None)
-                )
-            except Overloaded as exc:
+            except Overloaded as exc:  # the write queue full, or the bodies held over budget
                 code = "UNAVAILABLE"
                 await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-            out = ExportTraceServiceResponse()
-            if accepted.rejected:
-                out.partial_success.rejected_spans = accepted.rejected
-                out.partial_success.error_message = accepted.error_message
-            return bytes(out.SerializeToString())
+            raise AssertionError("unreachable: context.abort raises")
         finally:
             self.ingest.metrics.otlp_requests.labels(protocol="grpc", code=code).inc()
+
+    async def _accept(self, request: bytes) -> bytes:
+        """Decode and keep ``request``'s spans; BadInput when it is not an export, Overloaded
+        when the writer cannot take them."""
+        if len(request) >= THREAD_DECODE_BYTES:
+            msg = await asyncio.to_thread(parse_spans, request)
+        else:
+            msg = parse_spans(request)
+        decoded = decode_message(msg, default_replica=self.ingest.default_replica)
+        accepted = await self.ingest.accept(
+            decoded, "grpc", (request, "application/x-protobuf", None)
+        )
+        out = ExportTraceServiceResponse()
+        if accepted.rejected:
+            out.partial_success.rejected_spans = accepted.rejected
+            out.partial_success.error_message = accepted.error_message
+        return bytes(out.SerializeToString())
 
     async def start(self, address: str) -> int:
         """Bind ``address`` (HOST:PORT, port 0 picks one) and serve; returns the port."""

@@ -4,7 +4,8 @@ Answers per the OTLP/HTTP spec: 200 with ``ExportTraceServiceResponse`` (``parti
 when spans were rejected) once the spans are durable (see OtlpIngest); 400 with a ``google.rpc.Status``
 body for undecodable data; 413 past the body limit (checked after decompression, so a gzip
 bomb is stopped at the limit); 415 for a missing or unknown content type; 405 for other
-methods; 503 with ``Retry-After`` under overload. The response uses the request's encoding
+methods; 503 with ``Retry-After`` under overload (the write queue full, or the bodies held at
+once over their budget: :mod:`slokit.sidecar.body_budget`). The response uses the request's encoding
 (protobuf or JSON).
 """
 
@@ -105,6 +106,19 @@ class OtlpHttpReceiver:
         if request.content_length is not None and request.content_length > limit:
             return _status_response(413, code_pb2.INVALID_ARGUMENT,
                                     f"body over the {limit}-byte limit", as_json)  # fmt: skip
+        # the body's bytes are held from before it is read until it is answered: a body with
+        # no Content-Length may be as big as the limit
+        try:
+            async with self.ingest.hold(request.content_length or limit):
+                return await self._read_and_accept(request, ct, enc, as_json)
+        except Overloaded as exc:
+            return _status_response(503, code_pb2.UNAVAILABLE, str(exc), as_json,
+                                    {"Retry-After": str(exc.retry_after_s)})  # fmt: skip
+
+    async def _read_and_accept(
+        self, request: web.Request, ct: str, enc: str | None, as_json: bool
+    ) -> web.Response:
+        limit = self.ingest.max_bytes
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -126,11 +140,7 @@ class OtlpHttpReceiver:
             return _status_response(413, code_pb2.INVALID_ARGUMENT, str(exc), as_json)
         except BadInput as exc:
             return _status_response(400, code_pb2.INVALID_ARGUMENT, str(exc), as_json)
-        try:
-            accepted = await self.ingest.accept(decoded, "http", (body, ct, enc))
-        except Overloaded as exc:
-            return _status_response(503, code_pb2.UNAVAILABLE, str(exc), as_json,
-                                    {"Retry-After": str(exc.retry_after_s)})  # fmt: skip
+        accepted = await self.ingest.accept(decoded, "http", (body, ct, enc))  # or Overloaded
         out = ExportTraceServiceResponse()
         if accepted.rejected:
             out.partial_success.rejected_spans = accepted.rejected

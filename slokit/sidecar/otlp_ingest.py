@@ -11,13 +11,18 @@ are deduplicated by id).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from slokit.sidecar.metrics import SidecarMetrics
 from slokit.sidecar.write_errors import QueueFull, RecordsRefused, WriterStopped
 from slokit.sidecar.writer import Writer
 from slokit.sources.otlp import DecodedTraces
+
+if TYPE_CHECKING:
+    from slokit.sidecar.body_budget import ByteBudget
 
 #: Bodies at least this big are decoded in a worker thread, not on the event loop.
 THREAD_DECODE_BYTES = 256 * 1024
@@ -45,13 +50,24 @@ class OtlpIngest:
         default_replica: str | None,
         ack_timeout_s: float = 30.0,
         forward: Callable[[bytes, str, str | None], None] | None = None,
+        budget: ByteBudget | None = None,
     ) -> None:
+        """``budget``: the bytes of bodies both receivers may hold at once (None: no bound
+        beyond each body's ``max_bytes``)."""
         self.writer = writer
         self.metrics = metrics
         self.max_bytes = max_bytes
         self.default_replica = default_replica
         self.ack_timeout_s = ack_timeout_s
         self.forward = forward
+        self.budget = budget
+
+    def hold(self, nbytes: int) -> contextlib.AbstractAsyncContextManager[None]:
+        """The budget's hold on ``nbytes`` (raises :class:`Overloaded` when they do not fit
+        in time); nothing to wait for without a budget."""
+        if self.budget is None:
+            return contextlib.nullcontext()
+        return self.budget.hold(nbytes)
 
     async def accept(
         self, decoded: DecodedTraces, protocol: str, raw: tuple[bytes, str, str | None]

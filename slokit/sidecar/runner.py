@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry
 
 from slokit.errors import BadInput
 from slokit.sidecar.api import MAX_LINE_BYTES, Api
+from slokit.sidecar.body_budget import ByteBudget
 from slokit.sidecar.config import SidecarConfig, split_host_port
 from slokit.sidecar.connections import (
     ConnectionGuard,
@@ -260,9 +261,12 @@ class Sidecar:
             fwd.start()
             self._stoppables.append(fwd.stop)
             forward = fwd.submit
+        self.metrics.otlp_body_budget.set(cfg.otlp_body_budget_bytes)
+        budget = ByteBudget(cfg.otlp_body_budget_bytes,
+                            on_change=self.metrics.otlp_body_bytes_held.set)  # fmt: skip
         ingest = OtlpIngest(
             writer, self.metrics, max_bytes=cfg.max_body_bytes, default_replica=cfg.replica,
-            ack_timeout_s=cfg.ack_timeout_s, forward=forward,
+            ack_timeout_s=cfg.ack_timeout_s, forward=forward, budget=budget,
         )  # fmt: skip
 
         api = Api(store, writer, self.metrics, spec=spec, ready=lambda: self._started,

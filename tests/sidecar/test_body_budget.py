@@ -1,0 +1,166 @@
+"""The bytes of export bodies the OTLP receivers hold at once are bounded
+(``otlp_body_budget_bytes``): past the budget a body waits, then gets 503 (UNAVAILABLE) with
+Retry-After, its bytes never read. One client opening many connections cannot make the
+sidecar hold many bodies of up to ``max_body_bytes`` each."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+from sidecar_harness import Running, StartSidecar, wait_for
+
+from slokit.sidecar.body_budget import ByteBudget
+from slokit.sidecar.otlp_ingest import Overloaded
+
+MIB = 1024 * 1024
+HELD = "slokit_otlp_body_bytes_held"
+
+
+# -- the budget ----------------------------------------------------------------------------
+
+
+def test_bodies_that_fit_are_held_together() -> None:
+    async def run() -> int:
+        budget = ByteBudget(10)
+        async with budget.hold(6), budget.hold(4):
+            return budget.used
+
+    assert asyncio.run(run()) == 10
+
+
+def test_a_body_that_finds_no_room_in_time_is_overloaded_with_a_retry_after() -> None:
+    async def run() -> Overloaded:
+        budget = ByteBudget(10, wait_s=0.01)
+        async with budget.hold(6):
+            with pytest.raises(Overloaded) as caught:
+                async with budget.hold(6):
+                    raise AssertionError("held past the budget")
+        assert budget.used == 0
+        return caught.value
+
+    refused = asyncio.run(run())
+    assert refused.retry_after_s >= 1
+    assert "do not fit the 10-byte budget" in str(refused)
+
+
+def test_a_waiting_body_gets_room_when_a_held_one_is_answered() -> None:
+    async def run() -> list[str]:
+        budget = ByteBudget(10, wait_s=60)
+        order: list[str] = []
+        first_held, release = asyncio.Event(), asyncio.Event()
+
+        async def first() -> None:
+            async with budget.hold(8):
+                first_held.set()
+                await release.wait()
+                order.append("first answered")
+
+        async def second() -> None:
+            await first_held.wait()
+            async with budget.hold(8):
+                order.append("second held")
+
+        tasks = [asyncio.create_task(first()), asyncio.create_task(second())]
+        await first_held.wait()
+        await asyncio.sleep(0)  # the second is waiting now
+        release.set()
+        await asyncio.gather(*tasks)
+        return order
+
+    assert asyncio.run(run()) == ["first answered", "second held"]
+
+
+def test_a_body_larger_than_the_budget_takes_all_of_it_alone() -> None:
+    async def run() -> int:
+        budget = ByteBudget(10, wait_s=0.01)
+        async with budget.hold(1000):
+            held = budget.used
+            with pytest.raises(Overloaded):
+                async with budget.hold(1):
+                    pass
+        return held
+
+    assert asyncio.run(run()) == 10
+
+
+def test_the_gauge_follows_the_bytes_held() -> None:
+    seen: list[int] = []
+
+    async def run() -> None:
+        budget = ByteBudget(10, on_change=seen.append)
+        async with budget.hold(3), budget.hold(5):
+            pass
+
+    asyncio.run(run())
+    assert seen == [3, 8, 3, 0]
+
+
+def test_a_budget_below_one_byte_is_refused() -> None:
+    with pytest.raises(ValueError, match="budget"):
+        ByteBudget(0)
+
+
+# -- the receivers -------------------------------------------------------------------------
+
+
+@contextmanager
+def stalled_body(sc: Running, length: int) -> Iterator[socket.socket]:
+    """A client that sends an export's headers (Content-Length ``length``) and 1 KiB of its
+    body, then stalls: the body's bytes are held until the connection closes."""
+    url = urlsplit(sc.otlp)
+    sock = socket.create_connection((url.hostname, url.port))
+    head = (f"POST {url.path} HTTP/1.1\r\nHost: {url.netloc}\r\n"
+            f"Content-Type: application/x-protobuf\r\nContent-Length: {length}\r\n\r\n")  # fmt: skip
+    sock.sendall(head.encode() + b"\0" * 1024)
+    try:
+        wait_for(lambda: sc.value(HELD) == length, timeout=30, what="the stalled body's hold")
+        yield sock
+    finally:
+        sock.close()
+
+
+def test_a_body_that_does_not_fit_beside_a_stalled_one_gets_503_until_it_is_gone(
+    start_sidecar: StartSidecar,
+) -> None:
+    sc = start_sidecar(otlp_body_budget_bytes=4 * MIB)
+    assert sc.value("slokit_otlp_body_budget_bytes") == 4 * MIB
+    garbage = b"\x07" * (2 * MIB)  # not an export: a 400 once it is read
+    headers = {"Content-Type": "application/x-protobuf"}
+    with stalled_body(sc, 3 * MIB):
+        r = httpx.post(sc.otlp, content=garbage, headers=headers, timeout=60)
+        assert r.status_code == 503, r.text
+        assert int(r.headers["Retry-After"]) >= 1
+    wait_for(lambda: sc.value(HELD) == 0, timeout=30, what="the stalled body's bytes back")
+    assert httpx.post(sc.otlp, content=garbage, headers=headers, timeout=60).status_code == 400
+
+
+def test_a_small_export_fits_beside_a_stalled_body(
+    start_sidecar: StartSidecar, export_body: bytes
+) -> None:
+    sc = start_sidecar(otlp_body_budget_bytes=4 * MIB)
+    with stalled_body(sc, 3 * MIB):
+        r = httpx.post(sc.otlp, content=export_body, timeout=60,
+                       headers={"Content-Type": "application/x-protobuf"})  # fmt: skip
+        assert r.status_code == 200, r.text
+
+
+def test_a_grpc_export_shares_the_budget_and_is_unavailable_when_it_is_spent(
+    start_sidecar: StartSidecar, export_body: bytes
+) -> None:
+    import grpc
+
+    from slokit.sidecar.otlp_grpc import METHOD
+
+    sc = start_sidecar(otlp_body_budget_bytes=1 * MIB)
+    with stalled_body(sc, 1 * MIB), grpc.insecure_channel(sc.grpc_target) as ch:
+        call = ch.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
+        with pytest.raises(grpc.RpcError) as caught:
+            call(export_body, timeout=60)
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert sc.value("slokit_otlp_requests_total", protocol="grpc", code="UNAVAILABLE") == 1

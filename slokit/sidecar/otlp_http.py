@@ -5,8 +5,8 @@ when spans were rejected) once the spans are durable (see OtlpIngest); 400 with 
 body for undecodable data; 413 past the body limit (checked after decompression, so a gzip
 bomb is stopped at the limit); 415 for a missing or unknown content type; 405 for other
 methods; 503 with ``Retry-After`` under overload (the write queue full, or the bodies held at
-once over their budget: :mod:`slokit.sidecar.body_budget`). The response uses the request's encoding
-(protobuf or JSON).
+once over their budget: :mod:`slokit.sidecar.body_budget`). The response uses the request's
+encoding (protobuf or JSON).
 """
 
 from __future__ import annotations
@@ -109,7 +109,8 @@ class OtlpHttpReceiver:
         # the body's bytes are held from before it is read until it is answered: a body with
         # no Content-Length may be as big as the limit
         try:
-            async with self.ingest.hold(request.content_length or limit):
+            length = request.content_length
+            async with self.ingest.hold(limit if length is None else length):
                 return await self._read_and_accept(request, ct, enc, as_json)
         except Overloaded as exc:
             return _status_response(503, code_pb2.UNAVAILABLE, str(exc), as_json,

@@ -164,3 +164,13 @@ def test_a_grpc_export_shares_the_budget_and_is_unavailable_when_it_is_spent(
             call(export_body, timeout=60)
         assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
     assert sc.value("slokit_otlp_requests_total", protocol="grpc", code="UNAVAILABLE") == 1
+
+
+def test_an_empty_body_holds_nothing_and_is_answered_beside_a_stalled_one(
+    start_sidecar: StartSidecar,
+) -> None:
+    sc = start_sidecar(otlp_body_budget_bytes=4 * MIB)
+    with stalled_body(sc, 3 * MIB):
+        r = httpx.post(sc.otlp, content=b"", timeout=60,
+                       headers={"Content-Type": "application/x-protobuf"})  # fmt: skip
+        assert r.status_code == 200, r.text  # an export of no spans

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 from slokit.sidecar.otlp_ingest import Overloaded
 
@@ -26,26 +26,13 @@ WAIT_S = 5.0
 
 
 class ByteBudget:
-    def __init__(
-        self,
-        limit_bytes: int,
-        *,
-        wait_s: float = WAIT_S,
-        on_change: Callable[[int], None] | None = None,
-    ) -> None:
-        """``on_change(used)`` is called whenever the bytes held change (a gauge's ``set``)."""
+    def __init__(self, limit_bytes: int, *, wait_s: float = WAIT_S) -> None:
         if limit_bytes < 1:
             raise ValueError(f"a byte budget must be >= 1, got {limit_bytes}")
         self.limit = limit_bytes
         self.wait_s = wait_s
-        self.used = 0
-        self._on_change = on_change
+        self.used = 0  # the bytes held now (slokit_otlp_body_bytes_held reads it)
         self._room = asyncio.Condition()
-
-    def _set(self, used: int) -> None:
-        self.used = used
-        if self._on_change is not None:
-            self._on_change(used)
 
     @contextlib.asynccontextmanager
     async def hold(self, nbytes: int) -> AsyncIterator[None]:
@@ -61,10 +48,10 @@ class ByteBudget:
                 raise Overloaded(retry, f"{self.used} bytes of export bodies held, "
                                         f"{n} more do not fit the {self.limit}-byte budget"
                                  ) from None  # fmt: skip
-            self._set(self.used + n)
+            self.used += n
         try:
             yield
         finally:
             async with self._room:
-                self._set(self.used - n)
+                self.used -= n
                 self._room.notify_all()

@@ -262,8 +262,8 @@ class Sidecar:
             self._stoppables.append(fwd.stop)
             forward = fwd.submit
         self.metrics.otlp_body_budget.set(cfg.otlp_body_budget_bytes)
-        budget = ByteBudget(cfg.otlp_body_budget_bytes,
-                            on_change=self.metrics.otlp_body_bytes_held.set)  # fmt: skip
+        budget = ByteBudget(cfg.otlp_body_budget_bytes)
+        self.metrics.otlp_body_bytes_held.set_function(lambda: budget.used)  # read at a scrape
         ingest = OtlpIngest(
             writer, self.metrics, max_bytes=cfg.max_body_bytes, default_replica=cfg.replica,
             ack_timeout_s=cfg.ack_timeout_s, forward=forward, budget=budget,

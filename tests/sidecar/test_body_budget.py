@@ -89,13 +89,17 @@ def test_a_body_larger_than_the_budget_takes_all_of_it_alone() -> None:
     assert asyncio.run(run()) == 10
 
 
-def test_the_gauge_follows_the_bytes_held() -> None:
+def test_the_bytes_held_follow_each_hold_and_its_end() -> None:
     seen: list[int] = []
 
     async def run() -> None:
-        budget = ByteBudget(10, on_change=seen.append)
-        async with budget.hold(3), budget.hold(5):
-            pass
+        budget = ByteBudget(10)
+        async with budget.hold(3):
+            seen.append(budget.used)
+            async with budget.hold(5):
+                seen.append(budget.used)
+            seen.append(budget.used)
+        seen.append(budget.used)
 
     asyncio.run(run())
     assert seen == [3, 8, 3, 0]

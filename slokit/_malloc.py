@@ -16,7 +16,6 @@ before the process starts its threads.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 from collections.abc import Mapping
 
@@ -33,8 +32,7 @@ def cap_malloc_arenas(arenas: int, environ: Mapping[str, str] | None = None) -> 
     if arenas < 1 or env.get("MALLOC_ARENA_MAX"):
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL(None).mallopt  # the process's own symbols: its C library's
     except (OSError, AttributeError):
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)

@@ -26,6 +26,10 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK_S  # utime + stime
 
 
+def proc_threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
 def proc_rss_mb(pid: int) -> float:
     return proc_rss_parts_mb(pid).get("VmRSS", float("nan"))
 

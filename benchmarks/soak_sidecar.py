@@ -37,7 +37,14 @@ from pathlib import Path
 
 import duckdb
 import httpx
-from _sidecar import free_port, proc_cpu_s, proc_rss_parts_mb, wait_drained, wait_ready
+from _sidecar import (
+    free_port,
+    proc_cpu_s,
+    proc_rss_parts_mb,
+    proc_threads,
+    wait_drained,
+    wait_ready,
+)
 from _synth import llm_request_export
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
@@ -255,7 +262,7 @@ def main(argv: list[str]) -> int:
                             "rss_mb": round(rss["VmRSS"], 1),
                             "anon_mb": round(rss["RssAnon"], 1),
                             "file_mb": round(rss["RssFile"], 1),
-                            "threads": len(os.listdir(f"/proc/{proc.pid}/task"))})  # fmt: skip
+                            "threads": proc_threads(proc.pid)})  # fmt: skip
             text = httpx.get(f"{base}/metrics").text
             m = re.search(r"^slokit_ingest_lag_seconds ([0-9.e+-]+)$", text, re.M)
             if m:

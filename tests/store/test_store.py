@@ -389,6 +389,7 @@ from slokit.store.db import open_store
 os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
 store = open_store(sys.argv[1])
 print(store.con.execute("SELECT current_setting('threads')").fetchone()[0])
+print(store.con.execute("SELECT current_setting('async_threads')").fetchone()[0])
 store.close()
 """
 
@@ -404,4 +405,17 @@ def test_a_store_opened_on_one_allowed_cpu_runs_one_duckdb_thread(tmp_path: Path
         [sys.executable, "-c", _THREADS_PINNED, str(tmp_path / "s.duckdb")],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
-    assert out.strip() == "1"
+    assert out.split()[0] == "1"
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs two CPUs this process may use",
+)
+def test_a_store_opened_on_one_allowed_cpu_runs_one_async_io_thread(tmp_path: Path) -> None:
+    # DuckDB starts four async I/O threads per core of the machine at connect
+    out = subprocess.run(
+        [sys.executable, "-c", _THREADS_PINNED, str(tmp_path / "s.duckdb")],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert out.split()[1] == "1"

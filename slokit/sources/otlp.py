@@ -58,6 +58,8 @@ from slokit.sources._spans_http import (
 from slokit.sources._spans_vllm import vllm_fragment
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 #: Resource attributes that name the replica, most specific first.
@@ -87,31 +89,64 @@ class DecodedTraces:
             self.rejection_reasons[k] = self.rejection_reasons.get(k, 0) + v
 
 
+#: :func:`inflated_size` inflates this many bytes at a time, keeping none.
+INFLATE_STEP = 1024 * 1024
+
+
 def decompress(body: bytes, encoding: str | None, max_bytes: int) -> bytes:
     """Undo Content-Encoding (gzip/deflate/identity), never expanding past ``max_bytes``.
 
     Raises :class:`BadInput` for corrupt data and :class:`PayloadTooLarge` past the limit
     (a gzip bomb is stopped after ``max_bytes``, not inflated whole).
     """
-    enc = (encoding or "identity").strip().lower()
-    if enc in ("", "identity"):
+    if _encoding(encoding) == "identity":
         if len(body) > max_bytes:
             raise PayloadTooLarge(f"body of {len(body)} bytes exceeds the {max_bytes}-byte limit")
         return body
-    if enc not in ("gzip", "deflate", "x-gzip"):
+    parts = list(_inflate(body, encoding, max_bytes, max_bytes + 1))
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def inflated_size(body: bytes, encoding: str | None, max_bytes: int) -> int:
+    """The bytes :func:`decompress` would return, counted without keeping them (memory: one
+    :data:`INFLATE_STEP`): what the sidecar's body budget holds for a compressed body before
+    it is inflated. Raises as :func:`decompress`."""
+    if _encoding(encoding) == "identity":
+        return len(decompress(body, encoding, max_bytes))
+    return sum(len(part) for part in _inflate(body, encoding, max_bytes, INFLATE_STEP))
+
+
+def _encoding(encoding: str | None) -> str:
+    """``identity``, ``gzip`` or ``deflate`` (BadInput for any other)."""
+    enc = (encoding or "identity").strip().lower() or "identity"
+    if enc == "x-gzip":
+        return "gzip"
+    if enc not in ("identity", "gzip", "deflate"):
         raise BadInput(f"unsupported Content-Encoding {encoding!r}")
-    wbits = 16 + zlib.MAX_WBITS if enc in ("gzip", "x-gzip") else zlib.MAX_WBITS
-    parts: list[bytes] = []
+    return enc
+
+
+def _inflate(body: bytes, encoding: str | None, max_bytes: int, step: int) -> Iterator[bytes]:
+    """A gzip or deflate body's content, at most ``step`` bytes at a time."""
+    enc = _encoding(encoding)
+    wbits = 16 + zlib.MAX_WBITS if enc == "gzip" else zlib.MAX_WBITS
     total = 0
     data = body
     try:
         while True:  # gzip allows several members one after another (RFC 1952): read each
             d = zlib.decompressobj(wbits)
-            part = d.decompress(data, max_bytes + 1 - total)
-            parts.append(part)
-            total += len(part)
-            if total > max_bytes or d.unconsumed_tail:
-                raise PayloadTooLarge(f"decompressed body exceeds the {max_bytes}-byte limit")
+            pending = data
+            while True:
+                part = d.decompress(pending, min(step, max_bytes + 1 - total))
+                total += len(part)
+                if total > max_bytes:
+                    raise PayloadTooLarge(f"decompressed body exceeds the {max_bytes}-byte limit")
+                if part:
+                    yield part
+                stuck = not part and d.unconsumed_tail == pending
+                pending = d.unconsumed_tail
+                if d.eof or not pending or stuck:
+                    break
             if not d.eof:
                 raise BadInput(f"truncated {enc} body")
             data = d.unused_data
@@ -119,7 +154,6 @@ def decompress(body: bytes, encoding: str | None, max_bytes: int) -> bytes:
                 break
     except zlib.error as exc:
         raise BadInput(f"corrupt {enc} body: {exc}") from None
-    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 class PayloadTooLarge(BadInput):

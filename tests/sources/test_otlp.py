@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from slokit.sources.otlp import (
     UnsupportedMediaType,
     decode_traces,
     decompress,
+    inflated_size,
 )
 
 
@@ -131,6 +133,50 @@ def test_gzip_bomb_stops_at_the_limit_without_inflating_it_all() -> None:
 def test_corrupt_gzip_is_bad_input() -> None:
     with pytest.raises(BadInput, match=r"(corrupt|truncated) gzip"):
         decompress(b"\x1f\x8b\x08\x00garbage", "gzip", max_bytes=1024)
+
+
+# -- inflated_size: what the sidecar's body budget holds for a compressed body -----------
+
+#: Several INFLATE_STEPs of bytes that do not repeat within zlib's window.
+PAYLOAD = bytes(range(256)) * 12_289 + b"tail"
+
+
+@pytest.mark.parametrize(
+    ("body", "encoding"),
+    [
+        (gzip.compress(PAYLOAD), "gzip"),
+        (gzip.compress(PAYLOAD), "x-gzip"),
+        (gzip.compress(PAYLOAD[:1000]) + gzip.compress(PAYLOAD), "gzip"),  # two members
+        (zlib.compress(PAYLOAD), "deflate"),
+        (PAYLOAD, None),
+        (PAYLOAD, " Identity "),
+        (gzip.compress(b""), "gzip"),
+    ],
+    ids=["gzip", "x-gzip", "two-gzip-members", "deflate", "plain", "identity", "empty"],
+)
+def test_inflated_size_is_the_length_decompress_returns(body: bytes, encoding: str | None) -> None:
+    assert inflated_size(body, encoding, 64 * 1024 * 1024) == len(
+        decompress(body, encoding, 64 * 1024 * 1024)
+    )
+
+
+def test_inflated_size_refuses_a_body_past_the_limit_as_decompress_does() -> None:
+    bomb = gzip.compress(b"\0" * (8 * 1024 * 1024))
+    assert inflated_size(bomb, "gzip", 8 * 1024 * 1024) == 8 * 1024 * 1024
+    with pytest.raises(PayloadTooLarge):
+        inflated_size(bomb, "gzip", 8 * 1024 * 1024 - 1)
+
+
+def test_inflated_size_refuses_a_truncated_or_unknown_encoding() -> None:
+    with pytest.raises(BadInput, match="truncated gzip"):
+        inflated_size(gzip.compress(PAYLOAD)[:-100], "gzip", 64 * 1024 * 1024)
+    with pytest.raises(BadInput, match="unsupported Content-Encoding"):
+        inflated_size(PAYLOAD, "br", 64 * 1024 * 1024)
+
+
+def test_decompress_keeps_the_bytes_that_inflated_size_counts() -> None:
+    body = gzip.compress(PAYLOAD[:5000]) + gzip.compress(PAYLOAD)
+    assert decompress(body, "gzip", 64 * 1024 * 1024) == PAYLOAD[:5000] + PAYLOAD
 
 
 def test_span_with_empty_trace_id_is_rejected_and_counted(vllm_fixtures: Path) -> None:

@@ -28,8 +28,13 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from slokit.errors import BadInput
-from slokit.sidecar.otlp_ingest import THREAD_DECODE_BYTES, OtlpIngest, Overloaded
-from slokit.sources.otlp import PayloadTooLarge, UnsupportedMediaType, decode_traces
+from slokit.sidecar.otlp_ingest import THREAD_DECODE_BYTES, BodyHold, OtlpIngest, Overloaded
+from slokit.sources.otlp import (
+    PayloadTooLarge,
+    UnsupportedMediaType,
+    decode_traces,
+    inflated_size,
+)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -78,6 +83,22 @@ def _status_response(http_status: int, code: int, message: str, as_json: bool,
     return web.Response(status=http_status, body=body, content_type=ct, headers=headers)
 
 
+async def _read_body(request: web.Request, held: BodyHold, limit: int) -> bytes:
+    """The whole body. One with a ``Content-Length`` (held already) is read at once; one
+    without is held chunk by chunk as it arrives, and refused past ``limit``."""
+    if request.content_length is not None:
+        return await request.read()
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=size)
+        await held.grow(len(chunk))
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 class OtlpHttpReceiver:
     def __init__(self, ingest: OtlpIngest) -> None:
         self.ingest = ingest
@@ -106,22 +127,21 @@ class OtlpHttpReceiver:
         if request.content_length is not None and request.content_length > limit:
             return _status_response(413, code_pb2.INVALID_ARGUMENT,
                                     f"body over the {limit}-byte limit", as_json)  # fmt: skip
-        # the body's bytes are held from before it is read until it is answered: a body with
-        # no Content-Length may be as big as the limit
+        # the body's bytes are held from before it is read until it is answered; a body with
+        # no Content-Length is held as it is read, a compressed one as it inflates
         try:
-            length = request.content_length
-            async with self.ingest.hold(limit if length is None else length):
-                return await self._read_and_accept(request, ct, enc, as_json)
+            async with self.ingest.hold(request.content_length or 0) as held:
+                return await self._read_and_accept(request, ct, enc, as_json, held)
         except Overloaded as exc:
             return _status_response(503, code_pb2.UNAVAILABLE, str(exc), as_json,
                                     {"Retry-After": str(exc.retry_after_s)})  # fmt: skip
 
     async def _read_and_accept(
-        self, request: web.Request, ct: str, enc: str | None, as_json: bool
+        self, request: web.Request, ct: str, enc: str | None, as_json: bool, held: BodyHold
     ) -> web.Response:
         limit = self.ingest.max_bytes
         try:
-            body = await request.read()
+            body = await _read_body(request, held, limit)
         except web.HTTPRequestEntityTooLarge:
             return _status_response(413, code_pb2.INVALID_ARGUMENT,
                                     f"body over the {limit}-byte limit", as_json)  # fmt: skip
@@ -130,7 +150,13 @@ class OtlpHttpReceiver:
                                     f"malformed request body: {exc}", as_json)  # fmt: skip
         replica = self.ingest.default_replica
         try:
-            if len(body) >= THREAD_DECODE_BYTES:
+            if (enc or "identity").strip().lower() != "identity":
+                # held at what it inflates to (counted first, keeping nothing), then decoded
+                size = await asyncio.to_thread(inflated_size, body, enc, limit)
+                await held.grow(size)
+                decoded = await asyncio.to_thread(decode_traces, body, ct, enc, max_bytes=limit,
+                                                  default_replica=replica)  # fmt: skip
+            elif len(body) >= THREAD_DECODE_BYTES:
                 decoded = await asyncio.to_thread(decode_traces, body, ct, enc, max_bytes=limit,
                                                   default_replica=replica)  # fmt: skip
             else:

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from slokit.sidecar.metrics import SidecarMetrics
 from slokit.sidecar.write_errors import QueueFull, RecordsRefused, WriterStopped
@@ -26,6 +26,19 @@ if TYPE_CHECKING:
 
 #: Bodies at least this big are decoded in a worker thread, not on the event loop.
 THREAD_DECODE_BYTES = 256 * 1024
+
+
+class BodyHold(Protocol):
+    """A body's hold on the receivers' byte budget (:class:`slokit.sidecar.body_budget.Held`)."""
+
+    async def grow(self, nbytes: int) -> None: ...
+
+
+class _Unbounded:
+    """The hold when there is no budget: it grows without waiting."""
+
+    async def grow(self, nbytes: int) -> None:
+        return None
 
 
 class Overloaded(Exception):
@@ -62,11 +75,12 @@ class OtlpIngest:
         self.forward = forward
         self.budget = budget
 
-    def hold(self, nbytes: int) -> contextlib.AbstractAsyncContextManager[None]:
-        """The budget's hold on ``nbytes`` (raises :class:`Overloaded` when they do not fit
-        in time); nothing to wait for without a budget."""
+    def hold(self, nbytes: int) -> contextlib.AbstractAsyncContextManager[BodyHold]:
+        """The budget's hold on ``nbytes``, to grow as the body inflates (raises
+        :class:`Overloaded` when they do not fit in time); nothing to wait for without a
+        budget."""
         if self.budget is None:
-            return contextlib.nullcontext()
+            return contextlib.nullcontext(_Unbounded())
         return self.budget.hold(nbytes)
 
     async def accept(

@@ -6,6 +6,7 @@ sidecar hold many bodies of up to ``max_body_bytes`` each."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -105,6 +106,77 @@ def test_the_bytes_held_follow_each_hold_and_its_end() -> None:
     assert seen == [3, 8, 3, 0]
 
 
+def test_a_hold_grows_by_what_it_is_given_and_gives_it_all_back() -> None:
+    seen: list[int] = []
+
+    async def run() -> None:
+        budget = ByteBudget(10)
+        async with budget.hold(2) as held:
+            await held.grow(3)
+            seen.extend((held.nbytes, budget.used))
+        seen.append(budget.used)
+
+    asyncio.run(run())
+    assert seen == [5, 5, 0]
+
+
+def test_a_hold_that_cannot_grow_in_time_is_overloaded() -> None:
+    async def run() -> int:
+        budget = ByteBudget(10, wait_s=0.01)
+        async with budget.hold(6), budget.hold(1) as held:
+            with pytest.raises(Overloaded, match="do not fit the 10-byte budget"):
+                await held.grow(4)
+            return held.nbytes
+
+    assert asyncio.run(run()) == 1
+
+
+def test_a_growing_hold_waits_for_another_to_be_answered() -> None:
+    async def run() -> list[int]:
+        budget = ByteBudget(10, wait_s=60)
+        first_held, release = asyncio.Event(), asyncio.Event()
+
+        async def first() -> None:
+            async with budget.hold(8):
+                first_held.set()
+                await release.wait()
+
+        task = asyncio.create_task(first())
+        await first_held.wait()
+        async with budget.hold(2) as held:
+            grow = asyncio.create_task(held.grow(5))
+            await asyncio.sleep(0)
+            waiting = [budget.used]
+            release.set()
+            await grow
+            await task
+            return [*waiting, budget.used]
+
+    assert asyncio.run(run()) == [10, 7]
+
+
+def test_one_body_never_grows_past_the_whole_budget() -> None:
+    async def run() -> int:
+        budget = ByteBudget(10, wait_s=0.01)
+        async with budget.hold(4) as held:
+            await held.grow(100)
+            return budget.used
+
+    assert asyncio.run(run()) == 10
+
+
+def test_a_hold_given_back_grows_no_more() -> None:
+    async def run() -> int:
+        budget = ByteBudget(10)
+        async with budget.hold(3) as held:
+            pass
+        with pytest.raises(Overloaded, match="given back"):
+            await held.grow(2)
+        return budget.used
+
+    assert asyncio.run(run()) == 0
+
+
 def test_a_budget_below_one_byte_is_refused() -> None:
     with pytest.raises(ValueError, match="budget"):
         ByteBudget(0)
@@ -178,3 +250,53 @@ def test_an_empty_body_holds_nothing_and_is_answered_beside_a_stalled_one(
         r = httpx.post(sc.otlp, content=b"", timeout=60,
                        headers={"Content-Type": "application/x-protobuf"})  # fmt: skip
         assert r.status_code == 200, r.text  # an export of no spans
+
+
+def test_a_compressed_body_is_held_at_what_it_inflates_to(start_sidecar: StartSidecar) -> None:
+    sc = start_sidecar(otlp_body_budget_bytes=4 * MIB)
+    bomb = gzip.compress(b"\x07" * (2 * MIB))  # ~2 KiB that inflate to 2 MiB (not an export)
+    headers = {"Content-Type": "application/x-protobuf", "Content-Encoding": "gzip"}
+    with stalled_body(sc, 3 * MIB):
+        r = httpx.post(sc.otlp, content=bomb, headers=headers, timeout=60)
+        assert r.status_code == 503, r.text  # its 2 KiB fit; its 2 MiB do not
+        assert int(r.headers["Retry-After"]) >= 1
+    wait_for(lambda: sc.value(HELD) == 0, timeout=30, what="the stalled body's bytes back")
+    assert httpx.post(sc.otlp, content=bomb, headers=headers, timeout=60).status_code == 400
+
+
+@contextmanager
+def stalled_chunked_body(sc: Running, first_chunk: int) -> Iterator[socket.socket]:
+    """A client that sends an export without a Content-Length (chunked), its first chunk of
+    ``first_chunk`` bytes, then stalls."""
+    url = urlsplit(sc.otlp)
+    sock = socket.create_connection((url.hostname, url.port))
+    head = (f"POST {url.path} HTTP/1.1\r\nHost: {url.netloc}\r\n"
+            f"Content-Type: application/x-protobuf\r\nTransfer-Encoding: chunked\r\n\r\n")  # fmt: skip
+    sock.sendall(head.encode() + f"{first_chunk:x}\r\n".encode() + b"\0" * first_chunk + b"\r\n")
+    try:
+        yield sock
+    finally:
+        sock.close()
+
+
+def test_a_body_without_a_length_is_held_as_it_is_read(
+    start_sidecar: StartSidecar, export_body: bytes
+) -> None:
+    sc = start_sidecar(otlp_body_budget_bytes=4 * MIB)
+    with stalled_chunked_body(sc, 1 * MIB):
+        wait_for(lambda: sc.value(HELD) == 1 * MIB, timeout=30, what="the chunk's hold")
+        r = httpx.post(sc.otlp, content=export_body, timeout=60,
+                       headers={"Content-Type": "application/x-protobuf"})  # fmt: skip
+        assert r.status_code == 200, r.text
+
+
+def test_a_body_without_a_length_past_the_limit_is_413(start_sidecar: StartSidecar) -> None:
+    sc = start_sidecar(max_body_bytes=1 * MIB)
+
+    def chunks() -> Iterator[bytes]:  # httpx sends a generator chunked, with no length
+        for _ in range(4):
+            yield b"\0" * (MIB // 2)
+
+    r = httpx.post(sc.otlp, content=chunks(), timeout=60,
+                   headers={"Content-Type": "application/x-protobuf"})  # fmt: skip
+    assert r.status_code == 413, r.text

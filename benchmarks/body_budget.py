@@ -1,19 +1,25 @@
 """Many big export bodies at once: the sidecar's peak RSS with the body budget and without.
 
-``--clients`` connections each POST a ``--mb`` MB OTLP/HTTP body at the same moment (random
-bytes: each is read whole, then answered 400), against a sidecar with the default
-``otlp_body_budget_bytes`` (64 MiB) and then one whose budget is too large to bind (what the
-sidecar did before it had one). Reports, for each, the peak RSS of the sidecar (sampled every
-50 ms from /proc), the answers by status, how long the burst took, and whether /healthz
-answered after it.
+``--clients`` connections each POST a ``--mb`` MB OTLP/HTTP body at the same moment, against a
+sidecar with the default ``otlp_body_budget_bytes`` (32 MiB) and then one whose budget is too
+large to bind (what the sidecar did before it had one). Two kinds of body:
 
-    python benchmarks/body_budget.py [--clients 16] [--mb 60]
+- ``plain``: random bytes (each is read whole, then answered 400);
+- ``gzip``: a real export of 20 vLLM spans repeated to ``--mb`` MB and gzipped (about 130:1,
+  so each client sends a few hundred KiB that inflate to ``--mb`` MB of spans: answered 200,
+  or 503 when the writer's queue is full). The budget counts what each inflates to.
+
+Reports, for each, the peak RSS of the sidecar (sampled every 50 ms from /proc), the answers by
+status, how long the burst took, and whether /healthz answered after it.
+
+    python benchmarks/body_budget.py [--clients 8] [--mb 15] [--kind plain|gzip|both]
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import gzip
 import json
 import os
 import subprocess
@@ -25,12 +31,23 @@ from pathlib import Path
 
 import httpx
 from _sidecar import free_port, proc_rss_mb, wait_ready
+from _synth import llm_request_export
 
 REPO = Path(__file__).resolve().parents[1]
 UNBOUND = str(1 << 50)
 
 
-def burst(clients: int, mb: int, budget: str | None) -> dict[str, object]:
+def make_body(kind: str, mb: int) -> tuple[bytes, dict[str, str]]:
+    """The body every client sends, and its headers."""
+    headers = {"Content-Type": "application/x-protobuf"}
+    if kind == "plain":
+        return os.urandom(1 << 20) * mb, headers
+    one = llm_request_export(20, t0=time.time() - 60)  # ~12 KB: repeats within gzip's window
+    raw = one * ((mb << 20) // len(one))
+    return gzip.compress(raw, 6), {**headers, "Content-Encoding": "gzip"}
+
+
+def burst(clients: int, kind: str, mb: int, budget: str | None) -> dict[str, object]:
     api, otlp = free_port(), free_port()
     tmp = Path(tempfile.mkdtemp(prefix="slokit-budget-"))
     env = dict(os.environ, SLOKIT_DIAGNOSE_INTERVAL_S="0")
@@ -41,7 +58,7 @@ def burst(clients: int, mb: int, budget: str | None) -> dict[str, object]:
            "--log-level", "WARNING"]  # fmt: skip
     log = (tmp / "sidecar.log").open("wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
-    body = os.urandom(1 << 20) * mb
+    body, headers = make_body(kind, mb)
     try:
         wait_ready(f"http://127.0.0.1:{api}", proc, tmp / "sidecar.log")
         rss0 = proc_rss_mb(proc.pid)
@@ -55,7 +72,7 @@ def burst(clients: int, mb: int, budget: str | None) -> dict[str, object]:
         def send() -> None:
             try:
                 r = httpx.post(f"http://127.0.0.1:{otlp}/v1/traces", content=body, timeout=300,
-                               headers={"Content-Type": "application/x-protobuf"})  # fmt: skip
+                               headers=headers)  # fmt: skip
                 codes[str(r.status_code)] += 1
             except httpx.HTTPError as exc:
                 codes[type(exc).__name__] += 1
@@ -72,7 +89,8 @@ def burst(clients: int, mb: int, budget: str | None) -> dict[str, object]:
         stop.set()
         watcher.join()
         healthz = httpx.get(f"http://127.0.0.1:{api}/healthz", timeout=30).status_code
-        return {"budget": "default" if budget is None else "unbound",
+        return {"kind": kind, "body_kib": len(body) >> 10,
+                "budget": "default" if budget is None else "unbound",
                 "rss_mb_before": round(rss0, 1), "rss_mb_peak": round(peak[0], 1),
                 "answers": dict(codes), "burst_s": round(took, 2), "healthz_after": healthz}  # fmt: skip
     finally:
@@ -82,12 +100,16 @@ def burst(clients: int, mb: int, budget: str | None) -> dict[str, object]:
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--clients", type=int, default=16)
-    ap.add_argument("--mb", type=int, default=60, help="MB per body (under max_body_bytes)")
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument(
+        "--mb", type=int, default=15, help="MB per body, inflated (under max_body_bytes)"
+    )
+    ap.add_argument("--kind", choices=("plain", "gzip", "both"), default="both")
     args = ap.parse_args(argv)
-    for budget in (None, UNBOUND):
-        print(json.dumps({"clients": args.clients, "mb": args.mb,
-                          **burst(args.clients, args.mb, budget)}), flush=True)  # fmt: skip
+    for kind in ("plain", "gzip") if args.kind == "both" else (args.kind,):
+        for budget in (None, UNBOUND):
+            print(json.dumps({"clients": args.clients, "mb": args.mb,
+                              **burst(args.clients, kind, args.mb, budget)}), flush=True)  # fmt: skip
     return 0
 
 

@@ -66,12 +66,14 @@ class SidecarConfig:
     forward_otlp: str | None = None
     forward_content: bool = False  # forward prompt/completion content (never stored)
     parquet_dir: str | None = None  # the lake: closed minutes as hive Parquet (docs/lake.md)
-    max_body_bytes: int = 64 * 1024 * 1024
-    # The bytes of export bodies both OTLP receivers hold at once. A body waits for room up to
-    # 5 s, then gets 503 (UNAVAILABLE) with Retry-After; one larger than this takes all of it.
-    # Without it, 16 clients sending 60 MB at once took the sidecar's RSS to 759-861 MB; with
-    # it, 277 MB (benchmarks/body_budget.py)
-    otlp_body_budget_bytes: int = 64 * 1024 * 1024
+    # One OTLP body (decompressed), as the OpenTelemetry Collector's OTLP/HTTP receiver takes
+    # by default (20 MiB). Decoding takes about six times a body's bytes while it runs: one
+    # 59 MiB body (the default was 64 MiB) took the sidecar's RSS from 198 to 560 MB.
+    max_body_bytes: int = 20 * 1024 * 1024
+    # The bytes of export bodies both OTLP receivers hold at once, a compressed body counted
+    # at what it inflates to. A body waits for room up to 5 s, then gets 503 (UNAVAILABLE)
+    # with Retry-After; one larger than this takes all of it (benchmarks/body_budget.py)
+    otlp_body_budget_bytes: int = 32 * 1024 * 1024
     queue_capacity: int = 100_000
     batch_max: int = 5000
     # Gather concurrent exports into one transaction. 10 ms, not 50: at 200 spans/s in

@@ -22,6 +22,7 @@ in memory at once.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -125,7 +126,10 @@ class Api:
         ready: Callable[[], bool] | None = None,
         ack_timeout_s: float = 30.0,
         not_found_hint: str | None = None,
+        threads: int = 0,
     ) -> None:
+        """``threads``: the API's own threads for its reads (0: the event loop's default
+        executor, shared with the receivers' decoding and the scrapes' parsing)."""
         #: Appended to explain's 404: where a request this store no longer holds went.
         self.not_found_hint = not_found_hint
         self.store = store
@@ -134,6 +138,11 @@ class Api:
         self.spec = spec
         self.ready = ready or (lambda: True)
         self.ack_timeout_s = ack_timeout_s
+        self._pool = (
+            concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="slokit-api")
+            if threads
+            else None
+        )
 
     def app(self, token: str | None = None) -> web.Application:
         app = web.Application(client_max_size=MAX_FEEDBACK_BYTES,
@@ -165,7 +174,14 @@ class Api:
             finally:
                 cur.close()
 
-        return await asyncio.to_thread(run)
+        if self._pool is None:
+            return await asyncio.to_thread(run)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, run)
+
+    async def close(self) -> None:
+        """Reads not yet started are dropped (their clients are gone with the listener)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
     # -- handlers ------------------------------------------------------------------------
     async def metrics_handler(self, request: web.Request) -> web.Response:

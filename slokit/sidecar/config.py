@@ -12,7 +12,7 @@ Keys (YAML and flags share names; env is ``SLOKIT_`` + upper-case key, lists com
 ``metrics_max_models``, ``metrics_max_replicas``, ``metrics_allow_models``, ``metrics_allow_replicas``,
 ``metrics_max_series`` (docs/metrics.md).
 Connection hygiene: ``header_timeout_s``, ``body_timeout_s``, ``idle_timeout_s``,
-``api_max_connections``, ``otlp_max_connections`` (docs/sidecar.md).
+``api_max_connections``, ``otlp_max_connections``, ``api_threads`` (docs/sidecar.md).
 A vLLM or dcgm URL may be given as ``NAME=URL`` to name its replica; a router URL (the llm-d
 router / Inference Extension EPP's ``/metrics``) as ``NAME=URL`` to name the router (default:
 its ``host:port``). ``router_urls`` also takes a comma-separated list in one flag.
@@ -130,6 +130,11 @@ class SidecarConfig:
     body_timeout_s: float = 30.0  # a request body that stalls this long is dropped
     idle_timeout_s: float = 75.0  # keep-alive connections idle this long are closed
     api_max_connections: int = 128  # open connections on the API listener (9464)
+    # Threads answering the API's reads (explain, diagnose, the data endpoints), apart from
+    # the ones that decode exports and parse scrapes: 12 clients looping /api/diagnose took
+    # the ack p50 of 512-span exports from 8 to 298 ms when they shared Python's default
+    # executor (benchmarks/api_flood.py). 0: share it, as before
+    api_threads: int = 2
     otlp_max_connections: int = 256  # on each OTLP listener (4318, 4317)
     scrape_sample_limit: int = 10_000  # more samples fail a scrape whole (0: no limit)
     scrape_body_limit_bytes: int = 16 * 1024 * 1024  # reading a scrape stops past this
@@ -205,6 +210,9 @@ class SidecarConfig:
             v = getattr(self, key)
             if not math.isfinite(v) or v <= 0:
                 raise BadInput(f"{key} must be a number of seconds > 0, got {v}")
+        if not 0 <= self.api_threads <= 64:
+            raise BadInput(f"api_threads must be 0 (Python's default executor) to 64, "
+                           f"got {self.api_threads}")  # fmt: skip
         for key in ("api_max_connections", "otlp_max_connections"):
             if getattr(self, key) < MIN_CONNECTIONS:
                 raise BadInput(f"{key} must be >= {MIN_CONNECTIONS}, got {getattr(self, key)}")

@@ -270,7 +270,9 @@ class Sidecar:
         )  # fmt: skip
 
         api = Api(store, writer, self.metrics, spec=spec, ready=lambda: self._started,
-                  ack_timeout_s=cfg.ack_timeout_s, not_found_hint=retention_hint(cfg))  # fmt: skip
+                  ack_timeout_s=cfg.ack_timeout_s, not_found_hint=retention_hint(cfg),
+                  threads=cfg.api_threads)  # fmt: skip
+        self._stoppables.append(api.close)
         # Each listener's own connection cap, within what the open-file limit allows.
         caps = fit_caps({"api": cfg.api_max_connections,
                          **{k: cfg.otlp_max_connections for k in ("otlp_http", "otlp_grpc")

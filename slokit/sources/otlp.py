@@ -226,22 +226,24 @@ _ID_KEYS = frozenset({"traceId", "spanId", "parentSpanId", "trace_id", "span_id"
 
 
 def _hex_ids_to_base64(doc: Any, depth: int = 0) -> Any:
-    """OTLP/JSON encodes trace and span ids as hex; protobuf's JSON mapping wants base64."""
+    """OTLP/JSON encodes trace and span ids as hex; protobuf's JSON mapping wants base64.
+    Converted in place: a copy of the whole parsed document would double the memory a JSON
+    body takes while it is decoded (about 16 times its bytes)."""
     if depth > MAX_JSON_DEPTH:
         raise BadInput(f"OTLP JSON nested more than {MAX_JSON_DEPTH} levels deep")
     if isinstance(doc, dict):
-        out = {}
         for k, v in doc.items():
             if k in _ID_KEYS and isinstance(v, str):
                 try:
-                    out[k] = base64.b64encode(bytes.fromhex(v)).decode()
+                    doc[k] = base64.b64encode(bytes.fromhex(v)).decode()
                 except ValueError:
                     raise BadInput(f"{k} is not hex: {v[:40]!r}") from None
-            else:
-                out[k] = _hex_ids_to_base64(v, depth + 1)
-        return out
-    if isinstance(doc, list):
-        return [_hex_ids_to_base64(x, depth + 1) for x in doc]
+            elif isinstance(v, dict | list):
+                _hex_ids_to_base64(v, depth + 1)
+    elif isinstance(doc, list):
+        for x in doc:
+            if isinstance(x, dict | list):
+                _hex_ids_to_base64(x, depth + 1)
     return doc
 
 

@@ -18,6 +18,7 @@ from slokit.sources.otlp import (
     decode_traces,
     decompress,
     inflated_size,
+    parse_request,
 )
 
 
@@ -255,3 +256,24 @@ def test_a_client_span_declaring_its_own_outcome_keeps_it_over_the_error_status(
 def test_a_client_span_cannot_declare_a_server_outcome() -> None:
     (frag,) = decode_traces(_client_span("ok", error=True)).fragments
     assert frag.status == "error"
+
+
+@pytest.mark.parametrize("depth", [300, 100_000], ids=["past-the-limit", "past-python-recursion"])
+def test_otlp_json_nested_too_deep_is_bad_input(depth: int) -> None:
+    body = b'{"resourceSpans": ' + b"[" * depth + b"]" * depth + b"}"
+    with pytest.raises(BadInput, match="nested"):
+        decode_traces(body, "application/json")
+
+
+def test_otlp_json_hex_ids_become_the_spans_ids(vllm_fixtures: Path) -> None:
+    msg = ExportTraceServiceRequest()
+    msg.ParseFromString(_export(vllm_fixtures, 6))
+    doc = MessageToDict(msg)
+    spans = [s for r in msg.resource_spans for ss in r.scope_spans for s in ss.spans]
+    for span, d in zip(spans, (d for r in doc["resourceSpans"] for ss in r["scopeSpans"]
+                               for d in ss["spans"]), strict=True):  # fmt: skip
+        d["traceId"], d["spanId"] = span.trace_id.hex(), span.span_id.hex()
+        d.pop("parentSpanId", None)
+        span.ClearField("parent_span_id")
+    got = parse_request(json.dumps(doc).encode(), "application/json")
+    assert got == msg

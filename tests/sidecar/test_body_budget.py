@@ -300,3 +300,14 @@ def test_a_body_without_a_length_past_the_limit_is_413(start_sidecar: StartSidec
     r = httpx.post(sc.otlp, content=chunks(), timeout=60,
                    headers={"Content-Type": "application/x-protobuf"})  # fmt: skip
     assert r.status_code == 413, r.text
+
+
+def test_a_json_body_is_held_at_twice_its_bytes(start_sidecar: StartSidecar) -> None:
+    sc = start_sidecar(otlp_body_budget_bytes=4 * MIB)
+    doc = b'{"resourceSpans": [], "padding": "' + b"a" * (3 * MIB // 4) + b'"}'  # 0.75 MiB
+    headers = {"Content-Type": "application/json"}
+    with stalled_body(sc, 3 * MIB):
+        r = httpx.post(sc.otlp, content=doc, headers=headers, timeout=60)
+        assert r.status_code == 503, r.text  # its 0.75 MiB fit; twice that does not
+    wait_for(lambda: sc.value(HELD) == 0, timeout=30, what="the stalled body's bytes back")
+    assert httpx.post(sc.otlp, content=doc, headers=headers, timeout=60).status_code == 200

@@ -4,14 +4,14 @@ Each connection may send a body up to ``max_body_bytes`` (20 MiB), and 256 conne
 open on each OTLP listener: without a bound across them, one client opening many connections
 could make the sidecar hold gigabytes (16 bodies of 60 MB at once took its RSS to 759-861 MB).
 A receiver asks :meth:`ByteBudget.hold` for a body's bytes before it reads the body (OTLP/HTTP:
-its ``Content-Length``) or decodes it (OTLP/gRPC, whose server has read it already), and gives
-them back once it has answered. A body that finds no room waits, its bytes left in the socket,
+its ``Content-Length``), and gives them back once it has answered. A body that finds no room waits, its bytes left in the socket,
 up to ``wait_s``; then it is answered 503 (UNAVAILABLE) with Retry-After, like any overload. A
 body larger than the whole budget takes all of it, alone.
 
 A hold grows (:meth:`Held.grow`): an OTLP/HTTP body without a ``Content-Length`` is held chunk
 by chunk as it is read, and a compressed one at what it inflates to, counted before it is
-inflated. Before, a 454 KiB gzip body that inflates to 59 MiB held 454 KiB, and eight such
+inflated. An OTLP/gRPC message, whose size is not known until gRPC has read it, is held at the
+largest it may be before it is read, then at its size (:meth:`Held.resize`). Before, a 454 KiB gzip body that inflates to 59 MiB held 454 KiB, and eight such
 bodies at once took the sidecar to 2.4 GB (``benchmarks/body_budget.py``).
 """
 
@@ -44,6 +44,14 @@ class Held:
         hold was given back meanwhile."""
         await self._budget._take(self, nbytes)
 
+    async def resize(self, nbytes: int) -> None:
+        """Hold ``nbytes`` in all: what was held for a body not yet read (its largest size)
+        becomes what it turned out to be. Growing waits as :meth:`grow` does."""
+        if nbytes > self.nbytes:
+            await self.grow(nbytes - self.nbytes)
+        else:
+            await self._budget._keep(self, max(0, nbytes))
+
 
 class ByteBudget:
     def __init__(self, limit_bytes: int, *, wait_s: float = WAIT_S) -> None:
@@ -64,11 +72,15 @@ class ByteBudget:
             await held.grow(nbytes)
             yield held
         finally:
-            async with self._room:
-                held.closed = True
-                self.used -= held.nbytes
-                held.nbytes = 0
-                self._room.notify_all()
+            held.closed = True
+            await self._keep(held, 0)
+
+    async def _keep(self, held: Held, nbytes: int) -> None:
+        """Give back what ``held`` holds past ``nbytes``."""
+        async with self._room:
+            self.used -= held.nbytes - nbytes
+            held.nbytes = nbytes
+            self._room.notify_all()
 
     async def _take(self, held: Held, nbytes: int) -> None:
         """Add ``nbytes`` to ``held`` once they fit, capped so that one body holds at most

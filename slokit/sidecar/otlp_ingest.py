@@ -33,11 +33,16 @@ class BodyHold(Protocol):
 
     async def grow(self, nbytes: int) -> None: ...
 
+    async def resize(self, nbytes: int) -> None: ...
+
 
 class _Unbounded:
     """The hold when there is no budget: it grows without waiting."""
 
     async def grow(self, nbytes: int) -> None:
+        return None
+
+    async def resize(self, nbytes: int) -> None:
         return None
 
 

@@ -177,6 +177,22 @@ def test_a_hold_given_back_grows_no_more() -> None:
     assert asyncio.run(run()) == 0
 
 
+def test_a_hold_resized_down_gives_the_rest_back_and_up_takes_more() -> None:
+    seen: list[int] = []
+
+    async def run() -> None:
+        budget = ByteBudget(10)
+        async with budget.hold(8) as held:
+            await held.resize(3)
+            seen.append(budget.used)
+            await held.resize(6)
+            seen.append(budget.used)
+        seen.append(budget.used)
+
+    asyncio.run(run())
+    assert seen == [3, 6, 0]
+
+
 def test_a_budget_below_one_byte_is_refused() -> None:
     with pytest.raises(ValueError, match="budget"):
         ByteBudget(0)
@@ -311,3 +327,67 @@ def test_a_json_body_is_held_at_twice_its_bytes(start_sidecar: StartSidecar) -> 
         assert r.status_code == 503, r.text  # its 0.75 MiB fit; twice that does not
     wait_for(lambda: sc.value(HELD) == 0, timeout=30, what="the stalled body's bytes back")
     assert httpx.post(sc.otlp, content=doc, headers=headers, timeout=60).status_code == 200
+
+
+# -- OTLP/gRPC: a message is read only once the budget holds room for the largest it may be ---
+
+
+def test_a_grpc_message_is_held_at_the_largest_it_may_be_before_it_is_read(
+    start_sidecar: StartSidecar, export_body: bytes
+) -> None:
+    import grpc
+
+    from slokit.sidecar.otlp_grpc import METHOD
+
+    # 1.5 MiB of room left: a small export fits, but gRPC must first make room for 2 MiB
+    sc = start_sidecar(otlp_body_budget_bytes=3 * MIB, max_body_bytes=2 * MIB)
+    with stalled_body(sc, 3 * MIB // 2), grpc.insecure_channel(sc.grpc_target) as ch:
+        call = ch.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
+        with pytest.raises(grpc.RpcError) as caught:
+            call(export_body, timeout=60)
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    wait_for(lambda: sc.value(HELD) == 0, timeout=30, what="the stalled body's bytes back")
+    with grpc.insecure_channel(sc.grpc_target) as ch:
+        call = ch.unary_unary(METHOD, request_serializer=None, response_deserializer=None)
+        call(export_body, timeout=60)  # OK: its room comes back to what it turned out to be
+    assert sc.value(HELD) == 0
+
+
+def test_a_grpc_sender_that_stalls_before_its_message_is_refused_and_its_hold_given_back(
+    start_sidecar: StartSidecar,
+) -> None:
+    import threading
+
+    import grpc
+
+    from slokit.sidecar.otlp_grpc import METHOD
+
+    sc = start_sidecar(body_timeout_s=1.0)
+    never = threading.Event()
+
+    def stalled() -> Iterator[bytes]:  # opens the call, never sends its message
+        never.wait(60)
+        yield b""
+
+    with grpc.insecure_channel(sc.grpc_target) as ch:
+        call = ch.stream_unary(METHOD, request_serializer=None, response_deserializer=None)
+        with pytest.raises(grpc.RpcError) as caught:
+            call(stalled(), timeout=60)
+        never.set()
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "did not arrive" in (caught.value.details() or "")
+    wait_for(lambda: sc.value(HELD) == 0, timeout=30, what="the stalled call's hold back")
+
+
+def test_a_grpc_call_without_a_message_is_invalid_argument(start_sidecar: StartSidecar) -> None:
+    import grpc
+
+    from slokit.sidecar.otlp_grpc import METHOD
+
+    sc = start_sidecar()
+    with grpc.insecure_channel(sc.grpc_target) as ch:
+        call = ch.stream_unary(METHOD, request_serializer=None, response_deserializer=None)
+        with pytest.raises(grpc.RpcError) as caught:
+            call(iter(()), timeout=60)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert sc.value("slokit_otlp_requests_total", protocol="grpc", code="INVALID_ARGUMENT") == 1

@@ -4,15 +4,17 @@ Each connection may send a body up to ``max_body_bytes`` (20 MiB), and 256 conne
 open on each OTLP listener: without a bound across them, one client opening many connections
 could make the sidecar hold gigabytes (16 bodies of 60 MB at once took its RSS to 759-861 MB).
 A receiver asks :meth:`ByteBudget.hold` for a body's bytes before it reads the body (OTLP/HTTP:
-its ``Content-Length``), and gives them back once it has answered. A body that finds no room waits, its bytes left in the socket,
-up to ``wait_s``; then it is answered 503 (UNAVAILABLE) with Retry-After, like any overload. A
-body larger than the whole budget takes all of it, alone.
+its ``Content-Length``), and gives them back once it has answered. A body that finds no room
+waits, its bytes left in the socket, up to ``wait_s``; then it is answered 503 (UNAVAILABLE)
+with Retry-After, like any overload. A body larger than the whole budget takes all of it,
+alone.
 
 A hold grows (:meth:`Held.grow`): an OTLP/HTTP body without a ``Content-Length`` is held chunk
 by chunk as it is read, and a compressed one at what it inflates to, counted before it is
-inflated. An OTLP/gRPC message, whose size is not known until gRPC has read it, is held at the
-largest it may be before it is read, then at its size (:meth:`Held.resize`). Before, a 454 KiB gzip body that inflates to 59 MiB held 454 KiB, and eight such
-bodies at once took the sidecar to 2.4 GB (``benchmarks/body_budget.py``).
+inflated (before, a 454 KiB gzip body that inflates to 59 MiB held 454 KiB, and eight such
+bodies at once took the sidecar to 2.4 GB). An OTLP/gRPC message, whose size is not known
+until gRPC has read it, is held at the largest it may be before it is read, then at its size
+(:meth:`Held.resize`). ``benchmarks/body_budget.py`` measures each.
 """
 
 from __future__ import annotations

@@ -156,7 +156,7 @@ class OtlpHttpReceiver:
                                     f"malformed request body: {exc}", as_json)  # fmt: skip
         replica = self.ingest.default_replica
         try:
-            compressed = (enc or "identity").strip().lower() != "identity"
+            compressed = (enc or "").strip().lower() not in ("", "identity")
             # a compressed body is held at what it inflates to as well (counted first, keeping
             # nothing), and a JSON body at JSON_HOLD_FACTOR times its bytes
             size = (

@@ -391,3 +391,15 @@ def test_a_grpc_call_without_a_message_is_invalid_argument(start_sidecar: StartS
             call(iter(()), timeout=60)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert sc.value("slokit_otlp_requests_total", protocol="grpc", code="INVALID_ARGUMENT") == 1
+
+
+@pytest.mark.parametrize("encoding", ["identity", ""], ids=["identity", "empty"])
+def test_a_body_not_compressed_is_held_once_whatever_its_encoding_header_says(
+    start_sidecar: StartSidecar, encoding: str
+) -> None:
+    sc = start_sidecar(otlp_body_budget_bytes=4 * MIB)
+    garbage = b"\x07" * (3 * MIB // 5)  # 0.6 MiB beside 3 MiB: fits once, not twice
+    headers = {"Content-Type": "application/x-protobuf", "Content-Encoding": encoding}
+    with stalled_body(sc, 3 * MIB):
+        r = httpx.post(sc.otlp, content=garbage, headers=headers, timeout=60)
+    assert r.status_code == 400, r.text  # read and decoded: not refused for room

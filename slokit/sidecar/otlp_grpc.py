@@ -117,9 +117,7 @@ class OtlpGrpcReceiver:
                 raise _Refused("UNAUTHENTICATED", "missing or wrong token")
         try:
             async with self.ingest.hold(self.ingest.max_bytes) as held:
-                request = await self._read_one(requests)
-                if len(request) > self.ingest.max_bytes:
-                    raise _Refused("RESOURCE_EXHAUSTED", "message over the limit")
+                request = await self._read_one(requests)  # gRPC refuses one over max_bytes
                 await held.resize(len(request))
                 return await self._accept(request)
         except BadInput as exc:

@@ -33,6 +33,7 @@ from slokit.sources.otlp import (
     PayloadTooLarge,
     UnsupportedMediaType,
     decode_traces,
+    encoding_name,
     inflated_size,
 )
 
@@ -156,7 +157,7 @@ class OtlpHttpReceiver:
                                     f"malformed request body: {exc}", as_json)  # fmt: skip
         replica = self.ingest.default_replica
         try:
-            compressed = (enc or "").strip().lower() not in ("", "identity")
+            compressed = encoding_name(enc) != "identity"
             # a compressed body is held at what it inflates to as well (counted first, keeping
             # nothing), and a JSON body at JSON_HOLD_FACTOR times its bytes
             size = (

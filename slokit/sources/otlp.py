@@ -99,7 +99,7 @@ def decompress(body: bytes, encoding: str | None, max_bytes: int) -> bytes:
     Raises :class:`BadInput` for corrupt data and :class:`PayloadTooLarge` past the limit
     (a gzip bomb is stopped after ``max_bytes``, not inflated whole).
     """
-    if _encoding(encoding) == "identity":
+    if encoding_name(encoding) == "identity":
         if len(body) > max_bytes:
             raise PayloadTooLarge(f"body of {len(body)} bytes exceeds the {max_bytes}-byte limit")
         return body
@@ -111,13 +111,13 @@ def inflated_size(body: bytes, encoding: str | None, max_bytes: int) -> int:
     """The bytes :func:`decompress` would return, counted without keeping them (memory: one
     :data:`INFLATE_STEP`): what the sidecar's body budget holds for a compressed body before
     it is inflated. Raises as :func:`decompress`."""
-    if _encoding(encoding) == "identity":
+    if encoding_name(encoding) == "identity":
         return len(decompress(body, encoding, max_bytes))
     return sum(len(part) for part in _inflate(body, encoding, max_bytes, INFLATE_STEP))
 
 
-def _encoding(encoding: str | None) -> str:
-    """``identity``, ``gzip`` or ``deflate`` (BadInput for any other)."""
+def encoding_name(encoding: str | None) -> str:
+    """A ``Content-Encoding`` as ``identity``, ``gzip`` or ``deflate`` (BadInput for any other)."""
     enc = (encoding or "identity").strip().lower() or "identity"
     if enc == "x-gzip":
         return "gzip"
@@ -128,7 +128,7 @@ def _encoding(encoding: str | None) -> str:
 
 def _inflate(body: bytes, encoding: str | None, max_bytes: int, step: int) -> Iterator[bytes]:
     """A gzip or deflate body's content, at most ``step`` bytes at a time."""
-    enc = _encoding(encoding)
+    enc = encoding_name(encoding)
     wbits = 16 + zlib.MAX_WBITS if enc == "gzip" else zlib.MAX_WBITS
     total = 0
     data = body

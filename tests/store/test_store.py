@@ -394,28 +394,31 @@ store.close()
 """
 
 
-@pytest.mark.skipif(
+needs_two_cpus = pytest.mark.skipif(
     not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
     reason="needs two CPUs this process may use",
 )
+
+
+def _pinned_store_threads(tmp_path: Path) -> tuple[str, str]:
+    """DuckDB's ``threads`` and ``async_threads`` in a store opened by a process pinned to
+    one CPU."""
+    out = subprocess.run(
+        [sys.executable, "-c", _THREADS_PINNED, str(tmp_path / "s.duckdb")],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    threads, async_threads = out.split()
+    return threads, async_threads
+
+
+@needs_two_cpus
 def test_a_store_opened_on_one_allowed_cpu_runs_one_duckdb_thread(tmp_path: Path) -> None:
     # DuckDB counts the machine's cores; a process pinned to one (taskset, a cpuset) would
     # run workers that only take turns on it.
-    out = subprocess.run(
-        [sys.executable, "-c", _THREADS_PINNED, str(tmp_path / "s.duckdb")],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    assert out.split()[0] == "1"
+    assert _pinned_store_threads(tmp_path)[0] == "1"
 
 
-@pytest.mark.skipif(
-    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
-    reason="needs two CPUs this process may use",
-)
+@needs_two_cpus
 def test_a_store_opened_on_one_allowed_cpu_runs_one_async_io_thread(tmp_path: Path) -> None:
     # DuckDB starts four async I/O threads per core of the machine at connect
-    out = subprocess.run(
-        [sys.executable, "-c", _THREADS_PINNED, str(tmp_path / "s.duckdb")],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    assert out.split()[1] == "1"
+    assert _pinned_store_threads(tmp_path)[1] == "1"

@@ -478,7 +478,12 @@ def append_table(store: Store, table: str, slokit_rows: pa.Table) -> int:
     """Append an Arrow table's rows (columns named as the table's) in one statement."""
     if slokit_rows.num_rows == 0:
         return 0
-    names = ", ".join(slokit_rows.column_names)
     with store.transaction() as con:
-        con.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM slokit_rows").fetchall()
+        insert_table(con, table, slokit_rows)
     return int(slokit_rows.num_rows)
+
+
+def insert_table(con: duckdb.DuckDBPyConnection, table: str, slokit_rows: pa.Table) -> None:
+    """Insert an Arrow table's rows (columns named as the table's), in the caller's transaction."""
+    names = ", ".join(slokit_rows.column_names)
+    con.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM slokit_rows").fetchall()

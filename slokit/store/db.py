@@ -8,6 +8,7 @@ fragment without its merged row.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -244,38 +245,66 @@ class Store:
     def append_findings(self, findings: Sequence[Finding]) -> int:
         if not findings:
             return 0
+        return self._append_rows("findings", self._findings_columns(findings))
+
+    def _findings_columns(self, findings: Sequence[Finding]) -> dict[str, pa.Array]:
         now = self.clock()
-        return self._append_rows(
-            "findings",
-            {
-                "rule": pa.array([f.rule for f in findings], pa.string()),
-                "severity": pa.array([f.severity for f in findings], pa.string()),
-                "confidence": pa.array([f.confidence for f in findings], pa.float64()),
-                "replica": pa.array([f.replica for f in findings], pa.string()),
-                "start_ts": _ts_us([f.start_ts for f in findings]),
-                "end_ts": _ts_us([f.end_ts for f in findings]),
-                "summary": pa.array([f.summary for f in findings], pa.string()),
-                "evidence": pa.array(
-                    [json.dumps(f.evidence, default=str) for f in findings], pa.string()
-                ),
-                "runbook": pa.array([f.runbook for f in findings], pa.string()),
-                "created_at": _ts_us([now] * len(findings)),
-            },
-        )
+        return {
+            "rule": pa.array([f.rule for f in findings], pa.string()),
+            "severity": pa.array([f.severity for f in findings], pa.string()),
+            "confidence": pa.array([f.confidence for f in findings], pa.float64()),
+            "replica": pa.array([f.replica for f in findings], pa.string()),
+            "start_ts": _ts_us([f.start_ts for f in findings]),
+            "end_ts": _ts_us([f.end_ts for f in findings]),
+            "summary": pa.array([f.summary for f in findings], pa.string()),
+            "evidence": pa.array(
+                [json.dumps(f.evidence, default=str) for f in findings], pa.string()
+            ),
+            "runbook": pa.array([f.runbook for f in findings], pa.string()),
+            "created_at": _ts_us([now] * len(findings)),
+        }
 
     def replace_findings(
         self, findings: Sequence[Finding], window: tuple[float, float] | None = None
     ) -> int:
-        """Store findings; with ``window``, first drop those an earlier run stored for a span
-        inside it (re-running a diagnosis over the same data does not duplicate them)."""
-        if window is not None:
-            with self.transaction() as con:
-                con.execute(
-                    "DELETE FROM findings WHERE start_ts >= to_timestamp(?) "
-                    "AND end_ts <= to_timestamp(?)",
-                    [window[0], window[1]],
-                )
-        return self.append_findings(findings)
+        """Store a diagnosis's findings. With ``window`` (the diagnosis's), what an earlier
+        run said about that time is replaced, in one transaction:
+
+        - its findings for a span inside the window are dropped (re-running a diagnosis over
+          the same data does not duplicate them);
+        - one of the same rule and replica whose span overlaps a new finding's is the same
+          episode: it is dropped and the new finding (from the run that saw the most) starts
+          when the earliest of them started. A sidecar diagnosing a sliding window every 30 s
+          thus keeps one finding for an incident that lasts hours, not one a tick, and keeps
+          when it began.
+
+        Without ``window`` the findings are appended as they are."""
+        if window is None:
+            return self.append_findings(findings)
+        episode = (
+            "rule = ? AND replica IS NOT DISTINCT FROM ? "
+            "AND start_ts <= to_timestamp(?) AND end_ts >= to_timestamp(?)"
+        )
+        with self.transaction() as con:
+            con.execute(
+                "DELETE FROM findings WHERE start_ts >= to_timestamp(?) "
+                "AND end_ts <= to_timestamp(?)",
+                [window[0], window[1]],
+            )
+            kept: list[Finding] = []
+            for f in findings:
+                params = [f.rule, f.replica, f.end_ts, f.start_ts]
+                row = con.execute(
+                    f"SELECT min(epoch(start_ts)) FROM findings WHERE {episode}", params
+                ).fetchone()
+                began = None if row is None else row[0]
+                if began is not None:
+                    con.execute(f"DELETE FROM findings WHERE {episode}", params)
+                    f = dataclasses.replace(f, start_ts=min(f.start_ts, float(began)))
+                kept.append(f)
+            if kept:
+                _append.insert_table(con, "findings", pa.table(self._findings_columns(kept)))
+        return len(kept)
 
     def record_rejection(self, source: str, reason: str, count: int, detail: str | None) -> None:
         with self.transaction() as con:

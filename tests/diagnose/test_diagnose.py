@@ -113,6 +113,29 @@ def test_stored_findings_reach_explain_and_rerun_does_not_duplicate(store: Store
     assert doc["runbook"] == "runbooks/queue_saturation.md"
 
 
+def test_a_sliding_window_keeps_one_finding_for_an_ongoing_incident(store: Store) -> None:
+    """Diagnoses of windows that start later and later (the sidecar's ticks, a `--save` of
+    another window): the later ones no longer hold the incident's start. Explain of a request
+    inside it names the incident once."""
+    queue_incident(store)
+    starts = []
+    for since in (INCIDENT - 120, INCIDENT + 5, INCIDENT + 15):
+        result = run_diagnosis(store.reader(), since=since)
+        assert [f.rule for f in result.findings] == ["queue_saturation"]
+        starts.append(result.findings[0].start_ts)
+        store_findings(store, result.findings, window=(result.since, result.until))
+    assert starts[-1] > starts[0]  # the last run saw the incident from its window's start
+    rows = store.con.execute("SELECT epoch(start_ts) FROM findings").fetchall()
+    assert rows == [(pytest.approx(starts[0]),)]  # one finding, from when it began
+    late = next(
+        f
+        for f in requests(queue_s=after(INCIDENT, 0.02, 1.5))
+        if f.arrival_ts and f.arrival_ts > INCIDENT + 180
+    )
+    doc = explain_request(store.reader(), late.request_id)
+    assert [f["rule"] for f in doc["findings"]] == ["queue_saturation"]
+
+
 @pytest.fixture
 def db_file(tmp_path: Path) -> str:
     path = str(tmp_path / "s.duckdb")

@@ -37,6 +37,7 @@ from slokit.sidecar.connections import (
     handler_kwargs,
 )
 from slokit.sidecar.discovery import discovery_path, remove_discovery, write_discovery
+from slokit.sidecar.findings_window import diagnosis_since
 from slokit.sidecar.forward import Forwarder
 from slokit.sidecar.journal import Journal
 from slokit.sidecar.labels import label_limits
@@ -159,8 +160,6 @@ RETENTION_INTERVAL_S = 30.0
 LAKE_PAUSE_WAIT_S = 10.0
 #: how often the store's memory and file are read for /metrics (slokit.store.usage)
 STORE_USAGE_INTERVAL_S = 10.0
-#: How far back the sidecar's periodic diagnosis looks from the newest data.
-FINDINGS_WINDOW_S = 900.0
 #: A finding counts as active (slokit_findings_active) while it ended this recently.
 FINDINGS_ACTIVE_S = 60.0
 #: While stopping, how often the queries of periodic work still running are interrupted.
@@ -506,9 +505,7 @@ class Sidecar:
         oldest, newest = reader.bounds()
         if oldest is None or newest is None:
             return
-        # A window that starts before the data would leave the rules no baseline to compare
-        # with: use all the data until there is more than a window of it.
-        since = newest - FINDINGS_WINDOW_S if oldest < newest - FINDINGS_WINDOW_S else None
+        since = diagnosis_since(reader, oldest, newest, ongoing_s=self._findings_recent_s())
         try:
             result = run_diagnosis(reader, since=since)
         except NotFound:
@@ -516,7 +513,7 @@ class Sidecar:
         if self._stopping.is_set() or self.store is None:
             return
         store_findings(self.store, result.findings, window=(result.since, result.until))
-        recent = newest - max(FINDINGS_ACTIVE_S, 2 * self.config.diagnose_interval_s)
+        recent = newest - self._findings_recent_s()
         g = self.metrics.findings_active
         g.clear()
         for f in result.findings:
@@ -525,6 +522,10 @@ class Sidecar:
                 if f.replica and self.sli is not None:  # the label budget of the SLI series
                     replica = self.sli.label("replica", f.replica)
                 g.labels(f.rule, replica, f.severity).set(1)
+
+    def _findings_recent_s(self) -> float:
+        """How recently a finding ended for it to count as still going on."""
+        return max(FINDINGS_ACTIVE_S, 2 * self.config.diagnose_interval_s)
 
     async def stop(self) -> None:
         """Stop receiving, commit what is queued, close the store (checkpointing it), even

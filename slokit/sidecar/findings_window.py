@@ -1,0 +1,45 @@
+"""Which window the sidecar's periodic diagnosis looks at.
+
+Normally the newest ``window_s`` (15 minutes) of data, judged against the hour before it (the
+diagnosis's baseline, :mod:`slokit.analysis.rules._context`). A window that slides on its own
+would let a long incident become its own baseline: 15 minutes in, the hour before the window
+starts to hold the incident, and a few minutes later the rules see nothing unusual and its
+findings stop, while the incident goes on. So while findings are still going on (one ended
+within ``ongoing_s`` of the newest data), the window starts when the earliest of them began,
+and the baseline stays the hour before the incident: for up to ``hold_s``, after which the
+window slides again (an incident that long has become what the baseline is).
+"""
+
+from __future__ import annotations
+
+from slokit.store.reader import Reader
+
+__all__ = ["FINDINGS_HOLD_S", "FINDINGS_WINDOW_S", "diagnosis_since"]
+
+#: How far back the periodic diagnosis looks from the newest data.
+FINDINGS_WINDOW_S = 900.0
+#: How long an incident still going on holds the window's start at its own.
+FINDINGS_HOLD_S = 7200.0
+
+
+def diagnosis_since(
+    reader: Reader,
+    oldest: float,
+    newest: float,
+    *,
+    ongoing_s: float,
+    window_s: float = FINDINGS_WINDOW_S,
+    hold_s: float = FINDINGS_HOLD_S,
+) -> float | None:
+    """The window's start (None: all the data, when there is no more than a window of it,
+    so that the rules' baseline is the data's first part)."""
+    if oldest >= newest - window_s:
+        return None
+    since = newest - window_s
+    ongoing = reader.findings(newest - ongoing_s, None, limit=1000)
+    began = min((float(f["start"]) for f in ongoing), default=since)
+    if began < since:
+        since = max(began, newest - hold_s)
+        if since <= oldest:  # the incident since the data began: no history to judge it by
+            return None
+    return since

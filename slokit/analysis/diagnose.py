@@ -25,7 +25,7 @@ from typing import Any
 
 from slokit.analysis.causality import analyse, chain_text, label
 from slokit.analysis.rules import NotApplicable, Rule, all_rules
-from slokit.analysis.rules._context import DiagnoseOptions, build_context
+from slokit.analysis.rules._context import DiagnoseContext, DiagnoseOptions, build_context
 from slokit.analysis.rules._util import SEVERITY_ORDER
 from slokit.errors import BadInput, NotFound
 from slokit.records import Finding
@@ -149,19 +149,47 @@ def run_diagnosis(
             "from": ctx.baseline_source,
         },
     }
-    coverage = {
+    coverage: dict[str, Any] = {
         "sources": {name: s.to_json() for name, s in ctx.sources.items()},
         "rules": status,
         "ran": [r for r, s in status.items() if s["status"] == "ran"],
         "withheld": {r: s["reason"] for r, s in status.items() if s["status"] == "withheld"},
         "failed": {r: s["reason"] for r, s in status.items() if s["status"] == "failed"},
     }
+    if earlier := _baseline_findings(reader, ctx):
+        coverage["baseline_findings"] = earlier
     unjoined = getattr(reader, "unjoined", None)  # LocalReader: spans joined by trace id
     if unjoined is not None and (spans := unjoined(start, end)):
         coverage["unjoined_spans"] = spans
     if reader.basis == "histograms":
         _histogram_coverage(coverage, status, selected)
     return Diagnosis(window, findings, coverage, start, end, linked.root_causes)
+
+
+#: The most stored findings a diagnosis names in its baseline (one per rule and replica).
+MAX_BASELINE_FINDINGS = 20
+
+
+def _baseline_findings(reader: Reader, ctx: DiagnoseContext) -> list[dict[str, Any]]:
+    """Stored findings (an earlier diagnosis's, the sidecar's) that lie at least a bucket
+    inside this diagnosis's baseline, one per rule and replica, earliest first: what the
+    rules took for normal may have been an incident (``diagnose --since 15m`` 40 minutes into
+    one judges it against itself and finds nothing)."""
+    lo, hi = ctx.base_since, ctx.base_until - ctx.options.bucket_s
+    if hi <= lo:
+        return []
+    spans: dict[tuple[str, str | None], list[float]] = {}
+    for f in reader.findings(lo, hi, limit=1000):
+        start, end = float(f["start"]), float(f["end"])
+        if start >= hi or end <= lo:
+            continue
+        span = spans.setdefault((f["rule"], f["replica"]), [start, end])
+        span[0], span[1] = min(span[0], start), max(span[1], end)
+    ordered = sorted(spans.items(), key=lambda kv: (kv[1][0], kv[0][0], kv[0][1] or ""))
+    return [
+        {"rule": rule, "replica": replica, "since": iso(a), "until": iso(b)}
+        for (rule, replica), (a, b) in ordered[:MAX_BASELINE_FINDINGS]
+    ]
 
 
 #: Sources whose facts a histogram backend builds from aggregates instead of records.
@@ -230,6 +258,16 @@ def render_text(doc: dict[str, Any]) -> str:
         )
     lines += _finding_tree(doc)
     cov = doc["coverage"]
+    if earlier := cov.get("baseline_findings"):
+        lines += [
+            "",
+            "the baseline holds findings stored earlier: what it counts as normal may be an "
+            "incident (--since before them judges it against the hour before it):",
+        ]
+        lines += [
+            f"  {f['rule']} on {f['replica'] or 'fleet'} {f['since']} .. {f['until']}"
+            for f in earlier
+        ]
     lines += ["", "coverage:"]
     for name, s in cov["sources"].items():
         state = (

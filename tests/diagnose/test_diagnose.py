@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import httpx
+import jsonschema
 import pytest
 from click.testing import CliRunner
 from diag_synth import END, INCIDENT, T0, Run, after, engine, gpu, requests
@@ -17,7 +18,7 @@ from slokit.cli import main
 from slokit.client import SidecarClient
 from slokit.errors import BadInput, NotFound
 from slokit.store.db import Store, open_store
-from slokit.timeutil import parse_time
+from slokit.timeutil import iso, parse_time
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -199,6 +200,38 @@ def test_a_window_reaching_before_the_data_is_the_data_as_cli_and_api_see_it(
 def test_cli_bad_time_exits_2(db_file: str) -> None:
     res = CliRunner().invoke(main, ["diagnose", "--db", db_file, "--since", "yesterday"])
     assert res.exit_code == 2 and "not a time" in res.output
+
+
+def test_a_baseline_holding_a_stored_finding_says_so(db_file: str) -> None:
+    """Twenty seconds into the incident the hour before is no longer quiet enough: nothing
+    stands out, and the document names the incident found earlier that its baseline holds."""
+    CliRunner().invoke(main, ["diagnose", "--save", "--db", db_file])
+    res = CliRunner().invoke(
+        main, ["diagnose", "--json", "--since", str(INCIDENT + 20), "--db", db_file]
+    )
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert doc["findings"] == []
+    assert doc["coverage"]["baseline_findings"] == [
+        {
+            "rule": "queue_saturation",
+            "replica": "pod-a",
+            "since": iso(INCIDENT),
+            "until": iso(INCIDENT + 300),
+        }
+    ]
+    schema = json.loads((REPO / "docs/schema/diagnose.schema.json").read_text())
+    jsonschema.validators.validator_for(schema)(schema).validate(doc)
+    text = CliRunner().invoke(main, ["diagnose", "--since", str(INCIDENT + 20), "--db", db_file])
+    assert "the baseline holds findings stored earlier" in text.output
+    assert f"queue_saturation on pod-a {iso(INCIDENT)} .. " in text.output
+
+
+def test_a_baseline_without_stored_findings_names_none(db_file: str) -> None:
+    res = CliRunner().invoke(
+        main, ["diagnose", "--json", "--since", str(INCIDENT + 20), "--db", db_file]
+    )
+    assert "baseline_findings" not in json.loads(res.output)["coverage"]
 
 
 def test_cli_save_stores_the_findings(db_file: str) -> None:

@@ -136,6 +136,25 @@ class _Body:
         return body
 
 
+def _drop_frames(exc: BaseException) -> None:
+    """Let go of the frames a failed scrape's exceptions (and their causes) hold.
+
+    asyncio's futures keep an exception whose traceback keeps the frames that hold the
+    futures: a cycle only the cyclic collector frees, which the sidecar runs seldom
+    (:mod:`slokit._gc`). Those frames hold what the scrape had read and inflated so far, up
+    to ``scrape_body_limit_bytes``: a target refused at the limit every second would pile up
+    16 MiB a scrape. Without tracebacks the frames go at once."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        e.__traceback__ = None
+        todo += [e.__cause__, e.__context__]
+
+
 #: After a flush this big, hand the freed memory back to the OS (see :func:`release_memory`).
 BIG_FLUSH_RECORDS = 20_000
 
@@ -242,6 +261,7 @@ class Scraper:
                                                     invalid)  # fmt: skip
             del body
         except (ScrapeFailed, TimeoutError, BadInput) as exc:
+            _drop_frames(exc)
             reason = (
                 exc.reason if isinstance(exc, ScrapeFailed)
                 else "timeout" if isinstance(exc, TimeoutError) else "garbage"
@@ -276,9 +296,12 @@ class Scraper:
                 if length.isdigit() and int(length) > limit and not encoding:
                     raise ScrapeFailed("body_size_limit", f"Content-Length {length} over {limit}")
                 body = _Body(encoding, limit, self.sample_limit)
-                async for raw in resp.aiter_raw():
-                    body.feed(raw)
-                return body.bytes()
+                try:
+                    async for raw in resp.aiter_raw():
+                        body.feed(raw)
+                    return body.bytes()
+                finally:
+                    body.chunks.clear()  # a failed scrape's traceback keeps this frame
         except httpx.TimeoutException as exc:
             raise ScrapeFailed("timeout", f"timed out: {exc}") from None
         except httpx.HTTPError as exc:

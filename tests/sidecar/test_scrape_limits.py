@@ -7,8 +7,10 @@ body past ``body_size_limit`` is cut there; both are gaps (``up=false`` with the
 
 from __future__ import annotations
 
+import gc
 import gzip
 import time
+import tracemalloc
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -181,6 +183,31 @@ def test_a_hostile_body_fails_the_scrape_whole_with_its_reason(
     assert not health.up
     assert health.error is not None and health.error.startswith(f"{reason}:"), health.error
     assert took < 5.0, "cut at the limit, not by the timeout"
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda t: t.endless(), lambda t: t.serve(BOMB, **{"Content-Encoding": "gzip"})],
+    ids=["endless", "gzip-bomb"],
+)
+def test_a_scrape_refused_at_the_limit_keeps_none_of_its_body(
+    tmp_path: Path, metrics_target: Target_, make: Callable[[Target_], Handler]
+) -> None:
+    """The refusal's exception, kept by asyncio's futures in a cycle only the cyclic
+    collector frees, once kept what had been read: 16 MiB a scrape, every second."""
+    limit = MAX_SCRAPE_BYTES  # 16 MiB, the default
+    metrics_target.handler = make(metrics_target)
+    gc.collect()
+    gc.disable()
+    tracemalloc.start()
+    try:
+        health = _scrape(tmp_path, metrics_target, body_limit_bytes=limit, sample_limit=0)
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        gc.enable()
+    assert health.error is not None and health.error.startswith("body_size_limit")
+    assert held < limit // 4, f"{held / 2**20:.1f} MiB still held after the scrape"
 
 
 def test_an_endless_body_is_read_no_further_than_the_limit(

@@ -250,10 +250,13 @@ def _first_reason(value: str) -> str | None:
         return value
     try:
         reasons = json.loads(value)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past Python's stack
         return value
     if isinstance(reasons, list):
-        return str(reasons[0]) if reasons else None
+        if not reasons:
+            return None
+        first = reasons[0]
+        return value if isinstance(first, (list, dict)) else str(first)  # no deep repr
     return value
 
 

@@ -61,8 +61,13 @@ def decode_page_key(text: str) -> PageKey:
         raise bad from None
     if not (isinstance(doc, list) and len(doc) == 2 and isinstance(doc[1], str)):
         raise bad
+    try:
+        doc[1].encode("utf-8")  # JSON's escapes can spell a lone surrogate: no id has one
+    except UnicodeEncodeError:
+        raise bad from None
     at = doc[0]
-    if at is not None and (isinstance(at, bool) or not isinstance(at, int)):
+    if at is not None and (isinstance(at, bool) or not isinstance(at, int) or
+                           not -(2**63) <= at < 2**63):  # fmt: skip
         raise bad
     return at, doc[1]
 

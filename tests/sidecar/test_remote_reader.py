@@ -294,6 +294,8 @@ def test_each_page_holds_at_most_its_limit_and_matches_its_schema(sidecar: Runni
     [{"limit": "0"}, {"limit": "10001"}, {"limit": "x"}, {"limit": "²"}, {"after": "garbage"},
      {"after": "WzEsIDIsIDNd"},  # [1, 2, 3]
      {"after": "WzFlMzAwLCBudWxsXQ"},  # [1e300, null]
+     {"after": "WzAsICJcdWQ4MDAiXQ"},  # [0, "\ud800"]: a lone surrogate
+     {"after": "WzEwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAsICJhIl0"},  # [10**30, "a"]
      {"since": "yesterday"}, {"until": "nan"}],
 )  # fmt: skip
 def test_a_bad_page_request_is_400(sidecar: Running, query: dict[str, str]) -> None:

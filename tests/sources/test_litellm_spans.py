@@ -171,3 +171,27 @@ def test_other_internal_spans_stay_skipped() -> None:
                 ]
     decoded = decode_traces(json.dumps(doc).encode(), "application/json", now=_now(PROXY))
     assert decoded.fragments == [] and decoded.rejected == 0
+
+
+@pytest.mark.parametrize(
+    "reasons",
+    ["[" * 100_000, "[" * 900 + "]" * 900, '["' + "x" * 10 + '"', "[1e999]", "[]"],
+    ids=["deep-unclosed", "deep-closed", "unclosed", "huge-number", "empty"],
+)
+def test_a_hostile_finish_reasons_string_costs_its_span_nothing(reasons: str) -> None:
+    """The list in a string that LiteLLM sends, as anyone may send it: read if it can be,
+    kept as sent if not, never an error for the export (it once was a RecursionError)."""
+    doc = json.loads(PROXY.read_text())
+    span = next(
+        s
+        for rs in doc["resourceSpans"]
+        for ss in rs["scopeSpans"]
+        for s in ss["spans"]
+        if any(a["key"] == "gen_ai.response.finish_reasons" for a in s["attributes"])
+    )
+    for a in span["attributes"]:
+        if a["key"] == "gen_ai.response.finish_reasons":
+            a["value"] = {"stringValue": reasons}
+    decoded = decode_traces(json.dumps(doc).encode(), "application/json", now=_now(PROXY))
+    assert decoded.rejected == 0
+    assert len(decoded.fragments) == len(_calls())

@@ -115,6 +115,11 @@ def test_broken_json_is_bad_input() -> None:
         decode_traces(b'{"resourceSpans": [', "application/json")
 
 
+def test_a_json_number_past_pythons_digit_limit_is_bad_input() -> None:
+    with pytest.raises(BadInput, match="undecodable OTLP JSON"):
+        decode_traces(b'{"resourceSpans": [], "x": ' + b"1" * 5000 + b"}", "application/json")
+
+
 def test_invalid_utf8_json_is_bad_input() -> None:
     with pytest.raises(BadInput):
         decode_traces(b'{"resourceSpans": "\xff\xfe"}', "application/json")

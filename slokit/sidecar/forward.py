@@ -176,28 +176,36 @@ class Forwarder:
             while self._queue:
                 body, ct, enc = self._queue.popleft()
                 self._bytes -= len(body)
-                if not self.forward_content:
-                    try:
-                        body, ct, enc = await asyncio.to_thread(
-                            without_content, body, ct, enc, max_bytes=self.max_body_bytes
-                        )
-                    except BadInput as exc:  # never forward what could not be checked
-                        log.warning("not forwarding a body that cannot be decoded: %s", exc)
-                        self.metrics.dropped.labels(reason="forward_failed").inc()
-                        continue
-                headers = {"Content-Type": ct}
-                if enc:
-                    headers["Content-Encoding"] = enc
                 try:
-                    resp = await self._client.post(self.url, content=body, headers=headers)
-                    ok = resp.status_code < 300
-                except httpx.HTTPError as exc:
-                    log.warning("forwarding to %s failed: %s", self.url, exc)
+                    ok = await self._send(body, ct, enc)
+                except Exception:  # one export must never stop the forwarding of the rest
+                    log.exception("forwarding an export to %s failed", self.url)
                     ok = False
                 if ok:
                     self.sent += 1
                 else:
                     self.metrics.dropped.labels(reason="forward_failed").inc()
+
+    async def _send(self, body: bytes, ct: str, enc: str | None) -> bool:
+        """Post one export upstream (its content removed unless ``forward_content``); whether
+        the upstream took it."""
+        if not self.forward_content:
+            try:
+                body, ct, enc = await asyncio.to_thread(
+                    without_content, body, ct, enc, max_bytes=self.max_body_bytes
+                )
+            except BadInput as exc:  # never forward what could not be checked
+                log.warning("not forwarding a body that cannot be decoded: %s", exc)
+                return False
+        headers = {"Content-Type": ct}
+        if enc:
+            headers["Content-Encoding"] = enc
+        try:
+            resp = await self._client.post(self.url, content=body, headers=headers)
+        except httpx.HTTPError as exc:
+            log.warning("forwarding to %s failed: %s", self.url, exc)
+            return False
+        return resp.status_code < 300
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="otlp forwarder")

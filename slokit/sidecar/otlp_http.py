@@ -125,8 +125,9 @@ class OtlpHttpReceiver:
 
     async def _handle(self, request: web.Request) -> web.Response:
         ct = request.headers.get("Content-Type", "")
-        as_json = ct.split(";")[0].strip().lower() == "application/json"
-        if not ct.strip():
+        media = ct.split(";")[0].strip().lower()
+        as_json = media == "application/json"
+        if not media:  # none, or parameters alone (``;``)
             return _status_response(415, code_pb2.INVALID_ARGUMENT, "Content-Type is required: "
                                     "application/x-protobuf or application/json", as_json)  # fmt: skip
         enc = request.headers.get("Content-Encoding")
@@ -179,7 +180,10 @@ class OtlpHttpReceiver:
             return _status_response(413, code_pb2.INVALID_ARGUMENT, str(exc), as_json)
         except BadInput as exc:
             return _status_response(400, code_pb2.INVALID_ARGUMENT, str(exc), as_json)
-        accepted = await self.ingest.accept(decoded, "http", (body, ct, enc))  # or Overloaded
+        # forwarded as what it was read as, not under the sender's header (its parameters
+        # may be anything, in any bytes)
+        canonical = "application/json" if as_json else "application/x-protobuf"
+        accepted = await self.ingest.accept(decoded, "http", (body, canonical, enc))  # or Overloaded
         out = ExportTraceServiceResponse()
         if accepted.rejected:
             out.partial_success.rejected_spans = accepted.rejected

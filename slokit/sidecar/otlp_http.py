@@ -183,7 +183,8 @@ class OtlpHttpReceiver:
         # forwarded as what it was read as, not under the sender's header (its parameters
         # may be anything, in any bytes)
         canonical = "application/json" if as_json else "application/x-protobuf"
-        accepted = await self.ingest.accept(decoded, "http", (body, canonical, enc))  # or Overloaded
+        raw = (body, canonical, enc)
+        accepted = await self.ingest.accept(decoded, "http", raw)  # or Overloaded
         out = ExportTraceServiceResponse()
         if accepted.rejected:
             out.partial_success.rejected_spans = accepted.rejected

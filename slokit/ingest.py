@@ -15,6 +15,7 @@ bucket at a time instead of the whole file. OTLP fragments wait in memory, as Ar
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import tempfile
@@ -191,7 +192,12 @@ def ingest_otlp(
             report.rejection_reasons[reason] = report.rejection_reasons.get(reason, 0) + n
         pending.add(path, fragments_table(decoded.fragments))
 
-    _each_file(store, report, files, "otlp", handle)
+    try:
+        _each_file(store, report, files, "otlp", handle)
+    except BaseException:  # a bug, an interrupt: the files read before it are kept all the same
+        with contextlib.suppress(Exception):
+            pending.flush()
+        raise
     pending.flush()
     return report
 

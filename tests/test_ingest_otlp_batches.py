@@ -104,3 +104,24 @@ def test_a_file_the_store_refuses_is_reported_alone_and_its_batch_is_kept(
         assert store.con.execute("SELECT count(*) FROM requests").fetchall() == [(48,)]
         reasons = store.con.execute("SELECT reason FROM ingest_rejections").fetchall()
         assert reasons == [("bad file",)]
+
+
+def test_the_files_read_before_an_unexpected_failure_are_kept(export_files: list[Path]) -> None:
+    """A failure that is no bad input (a bug, an interrupt) still ends the command, but the
+    fragments of the files read before it were held in memory for one append: they go in."""
+    real = ingest.decode_traces
+    calls = []
+
+    def third_fails(*args: Any, **kw: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("not bad input: a bug")
+        return real(*args, **kw)
+
+    with open_store(":memory:") as store:
+        with (
+            patch.object(ingest, "decode_traces", side_effect=third_fails),
+            pytest.raises(RuntimeError),
+        ):
+            ingest.ingest_otlp(store, export_files)
+        assert store.con.execute("SELECT count(*) FROM requests").fetchall() == [(32,)]

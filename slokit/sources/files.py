@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 import time
 from collections.abc import Iterator
@@ -30,7 +29,7 @@ from slokit import clientlog as cl
 from slokit.errors import BadInput
 from slokit.ids import InvalidRequestId, checked_request_id
 from slokit.records import EngineSample, GpuSample, RequestFragment, RequestStatus
-from slokit.sources import loadtools
+from slokit.sources import _json, loadtools
 from slokit.sources.dcgm import gpu_samples_from_families
 from slokit.sources.exposition import (
     MetricFamily,
@@ -180,20 +179,19 @@ def _tpot(e2e: float | None, ttft: float | None, output_tokens: int | None) -> f
 def _float_list(v: Any, key: str, where: str) -> list[float]:
     if v is None:
         return []
-    if not isinstance(v, list) or any(
-        isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x) for x in v
-    ):
+    out = [_json.finite(x) for x in v] if isinstance(v, list) else [None]
+    if any(x is None for x in out):
         raise BadInput(f"{where}: {key} must be a list of finite numbers")
-    return [float(x) for x in v]
+    return [x for x in out if x is not None]
 
 
 def _json_lines(text: str, name: str) -> Iterator[tuple[int, dict[str, Any]]]:
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    for lineno, line in _json.lines(text):
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
+            rec = _json.loads(line)
+        except _json.NotJson as exc:
             raise BadInput(f"{name}:{lineno}: not JSON: {exc.msg}") from exc
         if not isinstance(rec, dict):
             raise BadInput(f"{name}:{lineno}: expected a JSON object")
@@ -211,12 +209,12 @@ def is_vllm_bench(text: str) -> bool:
     if head != "{":
         return False
     try:
-        doc = json.loads(text)
-    except json.JSONDecodeError:
+        doc = _json.loads(text)
+    except _json.NotJson:
         first = text.lstrip().split("\n", 1)[0]
         try:
-            doc = json.loads(first)
-        except json.JSONDecodeError:
+            doc = _json.loads(first)
+        except _json.NotJson:
             return False
     return isinstance(doc, dict) and "ttfts" in doc
 
@@ -234,8 +232,8 @@ def parse_vllm_bench(
     """
     text = _as_text(data, name)
     try:
-        runs: list[tuple[int, Any]] = [(1, json.loads(text))]
-    except json.JSONDecodeError:
+        runs: list[tuple[int, Any]] = [(1, _json.loads(text))]
+    except _json.NotJson:
         runs = [(ln, rec) for ln, rec in _json_lines(text, name)]  # --append-result: one per line
     stem = _stem(name)
     out: list[RequestFragment] = []
@@ -327,7 +325,7 @@ def parse_load_jsonl(
         status = _STATUSES.get(raw_status) if raw_status is not None else None
         if raw_status is not None and status is None:
             raise BadInput(
-                f"{w}: {cl.STATUS} must be one of {sorted(_STATUSES)}, got {raw_status!r}"
+                f"{w}: {cl.STATUS} must be one of {sorted(_STATUSES)}, got {_json.shown(raw_status)}"
             )
         ttft = number(rec, cl.TTFT_S, w)
         e2e = number(rec, cl.E2E_S, w)
@@ -398,7 +396,7 @@ def _quality_value(v: Any, where: str) -> bool:
             return True
         if s in _FALSE:
             return False
-    raise BadInput(f"{where}: quality_pass must be true/false (or 1/0, pass/fail), got {v!r}")
+    raise BadInput(f"{where}: quality_pass must be true/false (or 1/0, pass/fail), got {_json.shown(v)}")
 
 
 def _csv_rows(reader: Any, name: str) -> Iterator[tuple[int, list[str]]]:

@@ -8,8 +8,6 @@ judges exactly what ``slo report`` would after loading the same file.
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +15,7 @@ from typing import Any
 from slokit.analysis.gate import Baseline
 from slokit.errors import BadInput
 from slokit.records import RequestFragment
-from slokit.sources import files, loadtools
+from slokit.sources import _json, files, loadtools
 
 
 @dataclass(frozen=True)
@@ -40,15 +38,19 @@ def records_from_fragments(fragments: Sequence[RequestFragment]) -> list[dict[st
 def _bench_duration(text: str) -> float | None:
     """Sum of ``duration`` over the runs in a vLLM bench result (one or --append-result)."""
     try:
-        docs = [json.loads(text)]
-    except json.JSONDecodeError:
-        docs = [json.loads(line) for line in text.splitlines() if line.strip()]
+        docs = [_json.loads(text)]
+    except _json.NotJson:
+        try:
+            docs = [_json.loads(line) for _, line in _json.lines(text) if line.strip()]
+        except _json.NotJson:
+            return None
     ds = [d.get("duration") for d in docs if isinstance(d, dict)]
     total = 0.0
     for d in ds:
-        if isinstance(d, bool) or not isinstance(d, int | float) or not math.isfinite(d) or d <= 0:
+        f = _json.finite(d)
+        if f is None or f <= 0:
             return None
-        total += float(d)
+        total += f
     return total or None
 
 
@@ -72,8 +74,8 @@ def load_baseline(path: str) -> Baseline:
     """A baseline: ``slokit slo report --json`` output, or an earlier run's records file."""
     text = files.read_text(path)
     try:
-        doc = json.loads(text)
-    except json.JSONDecodeError:
+        doc = _json.loads(text)
+    except _json.NotJson:
         doc = None
     if isinstance(doc, dict) and "classes" in doc and "overall" in doc:
         if not isinstance(doc["classes"], list):

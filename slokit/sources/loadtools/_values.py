@@ -3,7 +3,6 @@ where it went wrong, and the checks every imported request passes (id, plausibil
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 from slokit.errors import BadInput
 from slokit.ids import InvalidRequestId, checked_request_id
 from slokit.records import RequestFragment
+from slokit.sources import _json
 from slokit.sources.validate import fragment_problem
 
 #: A decoded JSON value (what :func:`json.loads` returns).
@@ -20,15 +20,15 @@ Json = None | bool | int | float | str | list["Json"] | dict[str, "Json"]
 def loads(text: str, name: str) -> Json:
     """The whole text as one JSON document."""
     try:
-        doc: Json = json.loads(text)
-    except json.JSONDecodeError as exc:
+        doc: Json = _json.loads(text)
+    except _json.NotJson as exc:
         raise BadInput(f"{name}:{exc.lineno}: not JSON: {exc.msg}") from exc
     return doc
 
 
 def first_line(text: str) -> str:
     """The first non-blank line of ``text`` (``""`` when none)."""
-    for line in text.splitlines():
+    for _, line in _json.lines(text):
         if line.strip():
             return line
     return ""
@@ -56,9 +56,10 @@ def number(rec: Mapping[str, Json], key: str, where: str) -> float | None:
     v = rec.get(key)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-        raise BadInput(f"{where}: {key} must be a finite number, got {v!r}")
-    return float(v)
+    f = _json.finite(v)
+    if f is None:
+        raise BadInput(f"{where}: {key} must be a finite number, got {_json.shown(v)}")
+    return f
 
 
 def integer(rec: Mapping[str, Json], key: str, where: str) -> int | None:
@@ -66,7 +67,7 @@ def integer(rec: Mapping[str, Json], key: str, where: str) -> int | None:
     if v is None:
         return None
     if not v.is_integer() or v < 0:
-        raise BadInput(f"{where}: {key} must be a non-negative integer, got {rec[key]!r}")
+        raise BadInput(f"{where}: {key} must be a non-negative integer, got {_json.shown(rec[key])}")
     return int(v)
 
 
@@ -75,7 +76,7 @@ def string(rec: Mapping[str, Json], key: str, where: str) -> str | None:
     if v is None:
         return None
     if not isinstance(v, str):
-        raise BadInput(f"{where}: {key} must be a string, got {v!r}")
+        raise BadInput(f"{where}: {key} must be a string, got {_json.shown(v)}")
     return v
 
 
@@ -83,9 +84,10 @@ def floats(v: Json, key: str, where: str) -> list[float]:
     """A list of finite numbers (``[]`` for null)."""
     out: list[float] = []
     for x in items(v, key, where):
-        if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
+        f = _json.finite(x)
+        if f is None:
             raise BadInput(f"{where}: {key} must be a list of finite numbers")
-        out.append(float(x))
+        out.append(f)
     return out
 
 

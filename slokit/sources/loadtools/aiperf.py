@@ -26,11 +26,11 @@ The run's aggregate (``profile_export_aiperf.json``) is no per-request file:
 
 from __future__ import annotations
 
-import json
 import time
 
 from slokit.errors import BadInput
 from slokit.records import RequestFragment, RequestStatus
+from slokit.sources import _json
 from slokit.sources.loadtools import _values as v
 
 TOOL = "AIPerf"
@@ -41,8 +41,8 @@ _SECONDS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "sec": 1.0, "s": 1.0}
 
 def _record_keys(line: str) -> bool:
     try:
-        rec = json.loads(line)
-    except json.JSONDecodeError:
+        rec = _json.loads(line)
+    except _json.NotJson:
         return False
     return (
         isinstance(rec, dict)
@@ -78,7 +78,7 @@ def _metric_s(metrics: dict[str, v.Json], tag: str, where: str) -> float | None:
         return None
     unit = v.string(m, "unit", f"{where}: {tag}")
     if unit not in _SECONDS:
-        raise BadInput(f"{where}: {tag} has unit {unit!r}, expected one of {sorted(_SECONDS)}")
+        raise BadInput(f"{where}: {tag} has unit {_json.shown(unit)}, expected one of {sorted(_SECONDS)}")
     return value * _SECONDS[unit]
 
 
@@ -88,7 +88,7 @@ def _metric_list_s(metrics: dict[str, v.Json], tag: str, where: str) -> list[flo
         return []
     unit = v.string(m, "unit", f"{where}: {tag}")
     if unit not in _SECONDS:
-        raise BadInput(f"{where}: {tag} has unit {unit!r}, expected one of {sorted(_SECONDS)}")
+        raise BadInput(f"{where}: {tag} has unit {_json.shown(unit)}, expected one of {sorted(_SECONDS)}")
     return [x * _SECONDS[unit] for x in v.floats(m.get("value"), tag, where)]
 
 
@@ -108,13 +108,13 @@ def parse(text: str, name: str, now: float | None = None) -> list[RequestFragmen
     now_s = time.time() if now is None else now
     prefix = v.stem(name)
     out: list[RequestFragment] = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    for lineno, line in _json.lines(text):
         if not line.strip():
             continue
         w = f"{name}:{lineno}"
         try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
+            rec = _json.loads(line)
+        except _json.NotJson as exc:
             raise BadInput(f"{w}: not JSON: {exc.msg}") from exc
         if not isinstance(rec, dict):
             raise BadInput(f"{w}: expected a JSON object")

@@ -51,13 +51,13 @@ no per-request files: :func:`aggregate_hint` says so.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from itertools import pairwise
 
 from slokit.errors import BadInput
 from slokit.records import RequestFragment
+from slokit.sources import _json
 from slokit.sources.loadtools import _values as v
 
 TOOL = "inference-perf"
@@ -87,8 +87,8 @@ def aggregate_hint(text: str) -> str | None:
 
 def _json_object(text: str) -> dict[str, v.Json] | None:
     try:
-        doc = json.loads(text)
-    except json.JSONDecodeError:
+        doc = _json.loads(text)
+    except _json.NotJson:
         return None
     return doc if isinstance(doc, dict) else None
 

@@ -396,7 +396,9 @@ def _quality_value(v: Any, where: str) -> bool:
             return True
         if s in _FALSE:
             return False
-    raise BadInput(f"{where}: quality_pass must be true/false (or 1/0, pass/fail), got {_json.shown(v)}")
+    raise BadInput(
+        f"{where}: quality_pass must be true/false (or 1/0, pass/fail), got {_json.shown(v)}"
+    )
 
 
 def _csv_rows(reader: Any, name: str) -> Iterator[tuple[int, list[str]]]:

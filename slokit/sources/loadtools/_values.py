@@ -67,7 +67,9 @@ def integer(rec: Mapping[str, Json], key: str, where: str) -> int | None:
     if v is None:
         return None
     if not v.is_integer() or v < 0:
-        raise BadInput(f"{where}: {key} must be a non-negative integer, got {_json.shown(rec[key])}")
+        raise BadInput(
+            f"{where}: {key} must be a non-negative integer, got {_json.shown(rec[key])}"
+        )
     return int(v)
 
 

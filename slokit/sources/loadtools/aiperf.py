@@ -78,7 +78,9 @@ def _metric_s(metrics: dict[str, v.Json], tag: str, where: str) -> float | None:
         return None
     unit = v.string(m, "unit", f"{where}: {tag}")
     if unit not in _SECONDS:
-        raise BadInput(f"{where}: {tag} has unit {_json.shown(unit)}, expected one of {sorted(_SECONDS)}")
+        raise BadInput(
+            f"{where}: {tag} has unit {_json.shown(unit)}, expected one of {sorted(_SECONDS)}"
+        )
     return value * _SECONDS[unit]
 
 
@@ -88,7 +90,9 @@ def _metric_list_s(metrics: dict[str, v.Json], tag: str, where: str) -> list[flo
         return []
     unit = v.string(m, "unit", f"{where}: {tag}")
     if unit not in _SECONDS:
-        raise BadInput(f"{where}: {tag} has unit {_json.shown(unit)}, expected one of {sorted(_SECONDS)}")
+        raise BadInput(
+            f"{where}: {tag} has unit {_json.shown(unit)}, expected one of {sorted(_SECONDS)}"
+        )
     return [x * _SECONDS[unit] for x in v.floats(m.get("value"), tag, where)]
 
 

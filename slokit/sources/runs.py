@@ -8,6 +8,7 @@ judges exactly what ``slo report`` would after loading the same file.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -78,7 +79,66 @@ def load_baseline(path: str) -> Baseline:
     except _json.NotJson:
         doc = None
     if isinstance(doc, dict) and "classes" in doc and "overall" in doc:
-        if not isinstance(doc["classes"], list):
-            raise BadInput(f"{path}: classes must be a list (a slokit slo report --json)")
-        return Baseline(report=doc)
+        return Baseline(report=_checked_report(doc, path))
     return Baseline(records=load_run_file(path, "records").records)
+
+
+#: The keys of a report's percentiles that the gate compares with (``p95``: the 0.95 quantile).
+_PERCENTILE_KEY = re.compile(r"p\d+")
+#: Most requests a baseline report may claim for a class (a count past it is no run's).
+MAX_REPORT_REQUESTS = 10**12
+
+
+def _checked_report(doc: dict[str, Any], path: str) -> dict[str, Any]:
+    """``doc`` (a ``slokit slo report --json``) when every value the gate compares with has
+    the shape that report gives it; BadInput naming the first that does not."""
+    classes = doc["classes"]
+    if not isinstance(classes, list):
+        raise BadInput(f"{path}: classes must be a list (a slokit slo report --json)")
+    for i, group in enumerate(classes):
+        where = f"{path}: classes[{i}]"
+        if not isinstance(group, dict):
+            raise BadInput(f"{where} must be an object")
+        if not isinstance(group.get("name"), str):
+            raise BadInput(f"{where}.name must be a string")
+        n = _count(group.get("requests"), f"{where}.requests", MAX_REPORT_REQUESTS)
+        outcomes = group.get("outcomes")
+        if outcomes is not None:
+            if not isinstance(outcomes, dict):
+                raise BadInput(f"{where}.outcomes must be an object")
+            _count(outcomes.get("good"), f"{where}.outcomes.good", n)
+        percentiles = group.get("percentiles")
+        if percentiles is None:
+            continue
+        if not isinstance(percentiles, dict):
+            raise BadInput(f"{where}.percentiles must be an object")
+        for metric, by_q in percentiles.items():
+            if by_q is None:
+                continue
+            if not isinstance(by_q, dict):
+                raise BadInput(f"{where}.percentiles.{metric} must be an object")
+            for q, pct in by_q.items():
+                at = f"{where}.percentiles.{metric}.{q}"
+                if pct is None or not _PERCENTILE_KEY.fullmatch(q):  # the gate reads p50, p95..
+                    continue
+                value = pct.get("value_s") if isinstance(pct, dict) else 0
+                if not isinstance(pct, dict) or (value is not None and _json.finite(value) is None):
+                    raise BadInput(f"{at} must be an object with a finite value_s (or null)")
+                ci = pct.get("ci95_s", [None, None])
+                if not (
+                    isinstance(ci, list)
+                    and len(ci) == 2
+                    and all(x is None or _json.finite(x) is not None for x in ci)
+                ):
+                    raise BadInput(f"{at}.ci95_s must be [low, high] (numbers or null)")
+    return doc
+
+
+def _count(v: Any, where: str, most: float) -> int:
+    """``v`` as a count in [0, most]; None as 0."""
+    if v is None:
+        return 0
+    f = _json.finite(v)
+    if f is None or not f.is_integer() or not 0 <= f <= most:
+        raise BadInput(f"{where} must be a whole number from 0 to {most:g}")
+    return int(f)

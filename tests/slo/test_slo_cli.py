@@ -153,6 +153,61 @@ def test_gate_flags_a_regression_against_a_baseline(
     assert same.exit_code == 0, same.output
 
 
+def _report_of(spec_path: Path, records: Path) -> dict[str, Any]:
+    """The ``slo report --json`` document of a run (as ``gate --json`` carries it)."""
+    res = gate("--slo", str(spec_path), "--records", str(records), "--json")
+    report: dict[str, Any] = json.loads(res.output)["report"]
+    return report
+
+
+def _spoil(report: dict[str, Any], where: str, value: Any) -> dict[str, Any]:
+    """``report`` with the value at a dotted path (list indexes as numbers) replaced."""
+    out = json.loads(json.dumps(report))
+    *path, last = [int(p) if p.isdigit() else p for p in where.split(".")]
+    node = out
+    for p in path:
+        node = node[p]
+    node[last] = value
+    return out
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "message"),
+    [
+        ("classes.0", "interactive", "classes[0] must be an object"),
+        ("classes.0.requests", "50", "classes[0].requests must be a whole number"),
+        ("classes.0.requests", 1e300, "classes[0].requests must be a whole number"),
+        ("classes.0.outcomes", [1], "classes[0].outcomes must be an object"),
+        ("classes.0.outcomes.good", 10**6, "classes[0].outcomes.good must be a whole number"),
+        ("classes.0.percentiles", [], "classes[0].percentiles must be an object"),
+        ("classes.0.percentiles.ttft.p95", "1", "percentiles.ttft.p95 must be an object"),
+        ("classes.0.percentiles.ttft.p95.value_s", "0.1", "p95 must be an object with a finite"),
+        ("classes.0.percentiles.ttft.p95.ci95_s", [1], "p95.ci95_s must be [low, high]"),
+    ],
+)
+def test_a_baseline_report_of_the_wrong_shape_is_bad_input_naming_the_field(
+    tmp_path: Path, spec_path: Path, healthy: Path, where: str, value: Any, message: str
+) -> None:
+    """It once was a traceback with exit 1: the gate's exit code for a regression."""
+    bad = tmp_path / "baseline.json"
+    bad.write_text(json.dumps(_spoil(_report_of(spec_path, healthy), where, value)))
+    res = gate("--slo", str(spec_path), "--records", str(healthy), "--baseline", str(bad))
+    assert res.exit_code == 2, res.output
+    assert message in res.output
+
+
+def test_a_baseline_report_claiming_billions_of_requests_is_compared_in_bounded_memory(
+    tmp_path: Path, spec_path: Path, healthy: Path
+) -> None:
+    """The count a report claims sized a list of that many floats (3e9: 24 GB)."""
+    report = _spoil(_report_of(spec_path, healthy), "classes.0.requests", 3 * 10**9)
+    report = _spoil(report, "classes.0.outcomes.good", 3 * 10**9)
+    base = tmp_path / "baseline.json"
+    base.write_text(json.dumps(report))
+    res = gate("--slo", str(spec_path), "--records", str(healthy), "--baseline", str(base))
+    assert res.exit_code == 0, res.output
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

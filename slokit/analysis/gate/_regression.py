@@ -202,6 +202,11 @@ def _compare_samples(
     return Regression(cls, key, b, c, (lo, hi), tol, regressed, method)
 
 
+#: A baseline report's class is compared as at most this many requests, its share good kept
+#: (wider intervals than its real count would give: a conservative comparison).
+MAX_REPORT_SAMPLES = 1_000_000
+
+
 def _compare_report(
     cls: str,
     key: str,
@@ -237,10 +242,12 @@ def _compare_report(
                 None,
                 "not comparable: no baseline requests",
             )
+        if n > MAX_REPORT_SAMPLES:  # the same share good, in memory that a report cannot size
+            good, n = round(good * MAX_REPORT_SAMPLES / n), MAX_REPORT_SAMPLES
         base = [1.0] * good + [0.0] * (n - good)
         return _compare_samples(cls, key, cur, base, None, cfg, seed)
     pct = ((group.get("percentiles") or {}).get(metric) or {}).get(f"p{round((q or 0) * 100)}")
-    if not pct:
+    if not pct or pct.get("value_s") is None:
         return Regression(
             cls,
             key,

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from slokit.cli import main
+from slokit.store.db import open_store
 
 
 def _attrs_of(vllm_fixtures: Path, request_id: str) -> dict[str, float]:
@@ -82,6 +84,27 @@ def test_unknown_request_exits_3_with_a_message(vllm_fixtures: Path, tmp_path: P
     res = runner.invoke(main, ["explain", "r999", "--db", db])
     assert res.exit_code == 3
     assert "no request 'r999'" in res.output
+
+
+@pytest.mark.parametrize(
+    ("request_id", "why"),
+    [
+        ("", "empty once normalized"),
+        ("chatcmpl-", "empty once normalized"),
+        ("a\x01b", "control characters"),
+        ("x" * 600, "longer than 512 characters"),
+    ],
+    ids=["empty", "prefix-only", "control-character", "too-long"],
+)
+def test_an_id_no_request_can_have_exits_2_saying_why(
+    tmp_path: Path, request_id: str, why: str
+) -> None:
+    """Not 3 ("not in the store"): no store could hold it, as ingest refuses such ids."""
+    db = str(tmp_path / "s.duckdb")
+    open_store(db).close()
+    res = CliRunner().invoke(main, ["explain", request_id, "--db", db])
+    assert res.exit_code == 2, res.output
+    assert why in res.output
 
 
 def test_truncated_export_is_rejected_whole_and_others_are_kept(

@@ -12,6 +12,7 @@ from slokit.analysis.explain._options import ExplainOptions
 from slokit.analysis.explain._slo import judge
 from slokit.analysis.slo_spec import SloSpec
 from slokit.errors import NotFound
+from slokit.ids import checked_request_id
 from slokit.store.reader import Reader
 
 
@@ -22,11 +23,15 @@ def explain(
     spec: SloSpec | None = None,
     options: ExplainOptions | None = None,
 ) -> Explanation:
-    """Explain one request (either id form: ``r24`` or ``cmpl-r24-0``). Raises NotFound."""
+    """Explain one request (either id form: ``r24`` or ``cmpl-r24-0``). Raises NotFound, or
+    :class:`~slokit.ids.InvalidRequestId` (BadInput) for an id no request can have (empty
+    once normalized, too long, control characters: ingest refuses those)."""
     opt = options or ExplainOptions()
+    checked_request_id(request_id)
     rec = reader.request(request_id)
     if rec is None:
-        raise NotFound(f"no request {request_id!r} in the store")
+        shown = request_id if len(request_id) <= 80 else request_id[:80] + "..."
+        raise NotFound(f"no request {shown!r} in the store")
     comps = components(rec)
     found = gather(reader, rec, comps, opt)
     dom = dominant(comps, found.preempted)

@@ -104,8 +104,9 @@ def run_diagnosis(
     # the window is kept to the data.
     start = lo if since is None else max(since, lo)
     end = hi if until is None else min(until, hi)
-    if end <= start:
-        raise BadInput(f"empty window: since {iso(start)} is not before until {iso(end)}")
+    if end <= start:  # the window asked for was not empty: the data in it is one instant
+        raise NotFound(f"the data in the window is a single instant ({iso(start)}): "
+                       "nothing to compare over time")  # fmt: skip
     ctx = build_context(reader, start, end, opt, data_start=lo)
     if not any(s.present for s in ctx.sources.values()):
         raise NotFound(f"no data between {iso(start)} and {iso(end)}")

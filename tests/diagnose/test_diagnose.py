@@ -137,6 +137,13 @@ def test_a_sliding_window_keeps_one_finding_for_an_ongoing_incident(store: Store
     assert [f["rule"] for f in doc["findings"]] == ["queue_saturation"]
 
 
+def test_data_of_a_single_instant_is_nothing_to_diagnose_not_bad_input(store: Store) -> None:
+    """One scrape saved to a file and ingested: no window was asked for, so it is exit 3."""
+    store.append_engine_samples(engine(start=T0, end=T0 + 1, every_s=5))
+    with pytest.raises(NotFound, match="single instant"):
+        run_diagnosis(store.reader())
+
+
 @pytest.fixture
 def db_file(tmp_path: Path) -> str:
     path = str(tmp_path / "s.duckdb")

@@ -52,7 +52,11 @@ def parse_size(text: str) -> int:
     m = _SIZE.match(str(text))
     if not m:
         raise BadInput(f"not a size: {text!r} (expected bytes, or e.g. 64M, 1.5G)")
-    n = int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+    size = float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
+    if not size < 2**63:  # an infinity too (400 digits read as a float)
+        shown = text if len(text) <= 40 else text[:40] + "..."
+        raise BadInput(f"a size must be under 8 EiB, got {shown!r}")
+    n = int(size)
     if n <= 0:
         raise BadInput(f"a size must be > 0, got {text!r}")
     return n

@@ -104,7 +104,10 @@ def test_sizes_read_in_powers_of_1024(text: str, size: int) -> None:
     assert parse_size(text) == size
 
 
-@pytest.mark.parametrize("text", ["", "0", "-1", "lots", "64X", "1e9", "0.0001", "M", "64 M B"])
+@pytest.mark.parametrize(
+    "text",
+    ["", "0", "-1", "lots", "64X", "1e9", "0.0001", "M", "64 M B", "9" * 400, "8E", "9999999T"],
+)
 def test_hostile_sizes_are_bad_input(text: str) -> None:
     with pytest.raises(BadInput):
         parse_size(text)

@@ -118,6 +118,7 @@ class OtlpGrpcReceiver:
         try:
             async with self.ingest.hold(self.ingest.max_bytes) as held:
                 request = await self._read_one(requests)  # gRPC refuses one over max_bytes
+                await self._read_end(requests)
                 await held.resize(len(request))
                 return await self._accept(request)
         except BadInput as exc:
@@ -135,6 +136,20 @@ class OtlpGrpcReceiver:
         except TimeoutError:
             raise Overloaded(1, f"the export message did not arrive within "
                                 f"{self.limits.body_timeout_s:g} s") from None  # fmt: skip
+
+    async def _read_end(self, requests: AsyncIterator[bytes]) -> None:
+        """The end of the call after its message (a unary client's half-close, sent with the
+        message); BadInput when a second message comes instead: a call whose messages were
+        not all kept must not be acknowledged. (A second message is read while the first is
+        held at ``max_bytes``: for a moment, one of the two is uncounted.)"""
+        try:
+            await asyncio.wait_for(anext(requests), self.limits.body_timeout_s)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise Overloaded(1, f"the call did not end within {self.limits.body_timeout_s:g} s "
+                                "of its message") from None  # fmt: skip
+        raise BadInput("an export call carries one message; this one carried more")
 
     async def _accept(self, request: bytes) -> bytes:
         """Decode and keep ``request``'s spans; BadInput when it is not an export, Overloaded

@@ -87,3 +87,21 @@ def test_full_queue_is_unavailable_so_the_client_retries(
         release.set()
     t.join(10)
     assert sc.value("slokit_otlp_requests_total", protocol="grpc", code="UNAVAILABLE") == 1
+
+
+def test_a_call_of_two_messages_is_refused_and_keeps_neither(
+    start_sidecar: StartSidecar, export_body: bytes
+) -> None:
+    """OTLP's Export is unary; a client streaming two messages once got OK for both while
+    the second was never read."""
+    sc = start_sidecar()
+    first, first_ids = relabel(export_body, "two-1")
+    second, second_ids = relabel(export_body, "two-2")
+    with grpc.insecure_channel(sc.grpc_target) as ch:
+        call = ch.stream_unary(METHOD, request_serializer=None, response_deserializer=None)
+        with pytest.raises(grpc.RpcError) as err:
+            call(iter([first, second]), timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "one message" in (err.value.details() or "")
+    assert not (set(first_ids) | set(second_ids)) & request_ids(sc)
+    assert sc.value("slokit_otlp_requests_total", protocol="grpc", code="INVALID_ARGUMENT") == 1

@@ -89,8 +89,10 @@ class _Body:
 
     def __init__(self, encoding: str | None, body_limit: int, sample_limit: int) -> None:
         enc = (encoding or "identity").strip().lower()
+        self._gzip = enc in ("gzip", "x-gzip")
+        self._after = b""  # the bytes after a finished gzip member, until they say what follows
         if enc in ("gzip", "x-gzip", "deflate"):
-            wbits = 16 + zlib.MAX_WBITS if enc != "deflate" else zlib.MAX_WBITS
+            wbits = 16 + zlib.MAX_WBITS if self._gzip else zlib.MAX_WBITS
             self._zlib: Any = zlib.decompressobj(wbits)
         elif enc in ("", "identity"):
             self._zlib = None
@@ -109,12 +111,29 @@ class _Body:
             return
         data = raw
         while data:
+            if self._zlib.eof:
+                data = self._next_member(data)
+                if not data:
+                    return
             try:  # never inflate more than the limit allows, whatever the ratio
                 out = self._zlib.decompress(data, self.body_limit - self.size + 1)
             except zlib.error as exc:
                 raise ScrapeFailed("garbage", f"corrupt compressed body: {exc}") from None
             self._add(out)
-            data = self._zlib.unconsumed_tail
+            data = self._zlib.unconsumed_tail or (self._zlib.unused_data if self._zlib.eof else b"")
+
+    def _next_member(self, data: bytes) -> bytes:
+        """What follows a finished member: the next one, as gzip allows several (RFC 1952;
+        returned, a new inflater ready), or anything else: ``garbage``. Less than the two
+        bytes that tell is kept for the next chunk (b"" returned)."""
+        data, self._after = self._after + data, b""
+        if len(data) < 2:
+            self._after = data
+            return b""
+        if not (self._gzip and data.startswith(b"\x1f\x8b")):
+            raise ScrapeFailed("garbage", "data after the end of the compressed body")
+        self._zlib = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        return data
 
     def _add(self, chunk: bytes) -> None:
         if not chunk:
@@ -129,7 +148,7 @@ class _Body:
         self.chunks.append(chunk)
 
     def bytes(self) -> bytes:
-        if self._zlib is not None and not self._zlib.eof:
+        if self._zlib is not None and (not self._zlib.eof or self._after):
             raise ScrapeFailed("garbage", "truncated compressed body")
         body = b"".join(self.chunks)
         self.chunks.clear()

@@ -248,6 +248,32 @@ def test_a_gzip_exposition_within_the_limits_is_scraped(
     assert health.samples == 1
 
 
+@pytest.mark.parametrize("cut", [1000, 20_000], ids=["two-members", "member-boundary-late"])
+def test_a_gzip_body_of_several_members_is_scraped_whole(
+    tmp_path: Path, metrics_target: Target_, vllm_fixtures: Path, cut: int
+) -> None:
+    """gzip allows several members one after the other (RFC 1952), as Go's reader does."""
+    body = (vllm_fixtures / "metrics_after_load.prom").read_bytes()
+    members = gzip.compress(body[:cut]) + gzip.compress(body[cut:])
+    metrics_target.handler = metrics_target.serve(members, **{"Content-Encoding": "gzip"})
+    health = _scrape(tmp_path, metrics_target, body_limit_bytes=len(body))
+    assert health.up, health.error
+    assert health.samples == 1
+
+
+@pytest.mark.parametrize("after", [b"JUNKJUNK", b"\n", b"\x1f"], ids=["junk", "newline", "half"])
+def test_bytes_after_the_gzip_body_fail_the_scrape_as_garbage(
+    tmp_path: Path, metrics_target: Target_, vllm_fixtures: Path, after: bytes
+) -> None:
+    """They were dropped unread: a body that goes on after its end is not the one sent."""
+    body = (vllm_fixtures / "metrics_after_load.prom").read_bytes()
+    served = gzip.compress(body) + after
+    metrics_target.handler = metrics_target.serve(served, **{"Content-Encoding": "gzip"})
+    health = _scrape(tmp_path, metrics_target)
+    assert not health.up
+    assert health.error is not None and health.error.startswith("garbage:"), health.error
+
+
 # -- a huge target against a real sidecar ------------------------------------------------------
 def test_a_target_with_200k_series_is_refused_whole_and_recorded_as_a_gap(
     start_sidecar: StartSidecar, metrics_target: Target_, huge: bytes

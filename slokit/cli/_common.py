@@ -48,7 +48,7 @@ def handle_errors(f: F) -> F:
             click.echo(f"slokit: {exc}", err=True)
             sys.exit(exc.exit_code)
         except Exception as exc:
-            message = database_error(exc, kwargs.get("db"))
+            message = database_error(exc, kwargs.get("db"), lake=kwargs.get("lake"))
             if message is None:
                 raise
             click.echo(f"slokit: {message}", err=True)
@@ -57,10 +57,11 @@ def handle_errors(f: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def database_error(exc: BaseException, db: object = None) -> str | None:
+def database_error(exc: BaseException, db: object = None, *, lake: object = None) -> str | None:
     """One line for a DuckDB error or a storage fault such as a full volume (None for any
-    other error). They are looked up among the loaded modules: a command that never loaded
-    DuckDB cannot be failing with its error, and needs no time to import it here."""
+    other error), naming the lake when the command read one (``--lake``), else the database.
+    They are looked up among the loaded modules: a command that never loaded DuckDB cannot be
+    failing with its error, and needs no time to import it here."""
     duckdb, faults = sys.modules.get("duckdb"), sys.modules.get("slokit.store.faults")
     if faults is not None and isinstance(exc, faults.StorageFault):
         return f"cannot write the database {exc}"  # the fault's text starts with the path
@@ -68,6 +69,8 @@ def database_error(exc: BaseException, db: object = None) -> str | None:
         return None
     lines = str(exc).strip().splitlines()
     detail = lines[0] if lines else type(exc).__name__
+    if isinstance(lake, str) and lake:
+        return f"cannot read the lake at {lake} (a damaged Parquet file?): {detail}"
     where = db if isinstance(db, str) and db else default_db()
     return f"cannot read the database {where} (damaged?): {detail}"
 

@@ -340,7 +340,11 @@ def open_lake(
         try:
             files = {t.name: _list_files(con, root, t.name) for t in TABLES}
         except duckdb.Error as exc:
-            raise NotFound(f"cannot list the lake at {root}: {exc}") from exc
+            detail = str(exc).strip().split("\n", 1)[0]
+            if "httpfs" in str(exc):  # a URL, and DuckDB could not load its extension for it
+                detail = ("reading a lake at a URL needs DuckDB's httpfs extension, which is "
+                          "not installed here and could not be downloaded")  # fmt: skip
+            raise NotFound(f"cannot list the lake at {root}: {detail}") from exc
         if not any(files.values()):
             raise NotFound(
                 f"no Parquet files in the lake at {root} (tables: "

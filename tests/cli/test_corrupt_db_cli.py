@@ -264,3 +264,14 @@ def test_ingest_on_a_full_volume_is_exit_2_with_one_line(
     (line,) = res.stderr.strip().splitlines()
     assert line.startswith(f"slokit: cannot write the database {db}: ")
     assert "File too large" in line
+
+
+def test_a_damaged_parquet_file_in_a_lake_is_blamed_on_the_lake(tmp_path: Path) -> None:
+    """Not on ``slokit.duckdb``, a file the command never opened."""
+    part = tmp_path / "lake" / "requests" / "date=2026-11-29" / "hour=13" / "minute=18"
+    (part / "replica=x").mkdir(parents=True)
+    (part / "replica=x" / "part_w.parquet").write_bytes(b"not parquet\n")
+    res = CliRunner().invoke(main, ["diagnose", "--lake", str(tmp_path / "lake")])
+    assert res.exit_code == 2, res.output
+    assert f"cannot read the lake at {tmp_path / 'lake'}" in res.output
+    assert "slokit.duckdb" not in res.output

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from slokit.sources.prometheus import PrometheusClient, Series, chunks
+from slokit.sources.prometheus import PrometheusClient, Series
 from slokit.store import _promql as pq
 
 if TYPE_CHECKING:  # pandas builds the frames only when a diagnosis asks for them
@@ -58,8 +58,8 @@ def _range(
     client: PrometheusClient, expr: str, start: float, end: float, step: float
 ) -> list[Series]:
     out: list[Series] = []
-    for a, b in chunks(start, end, step):
-        out.extend(client.query_range(expr, a, b, step))
+    for got in client.range_chunks(expr, start, end, step):
+        out.extend(got)
     return out
 
 
@@ -355,14 +355,25 @@ def window_increases(
     ])  # fmt: skip
     pods: dict[str, _Pod] = {}
     for labels, v in sums:
-        if math.isfinite(v):
+        family = labels.get("family")
+        if math.isfinite(v) and family is not None:
             pod = pods.setdefault(pq.replica_of(labels, pod_label), _Pod())
-            pod.sums[labels["family"]] = v
+            pod.sums[family] = v
     for labels, v in buckets:
-        if math.isfinite(v) and "le" in labels:
+        family, le = labels.get("family"), _bound(labels.get("le"))
+        if math.isfinite(v) and family is not None and le is not None:
             pod = pods.setdefault(pq.replica_of(labels, pod_label), _Pod())
-            pod.buckets.setdefault(labels["family"], {})[float(labels["le"])] = v
+            pod.buckets.setdefault(family, {})[le] = v
     return pods
+
+
+def _bound(le: str | None) -> float | None:
+    """A bucket's upper bound (``+Inf`` included; None: missing or not a number)."""
+    try:
+        x = float(le) if le is not None else math.nan
+    except ValueError:
+        return None
+    return None if math.isnan(x) else x
 
 
 def _div(a: float | None, b: float | None) -> float | None:

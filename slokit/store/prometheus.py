@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
-from slokit.sources.prometheus import PrometheusClient, chunks
+from slokit.errors import BadInput
+from slokit.sources.prometheus import PrometheusClient
 from slokit.store import _histograms as hist
 from slokit.store import _promql as pq
 from slokit.store._prom_rows import scrape_tables
@@ -45,6 +46,7 @@ from slokit.store.append import append_table
 from slokit.store.db import Store, open_store
 from slokit.store.queries import PageKey
 from slokit.store.reader import LocalReader
+from slokit.store.window import MAX_TS
 
 if TYPE_CHECKING:  # frames are built only when a diagnosis asks
     import pandas as pd
@@ -98,10 +100,18 @@ class PrometheusReader:
         self.pod_label = pod_label
         self.step_s = step_s
         self.history_s = history_s
-        http = httpx.Client(
-            headers=_headers(url, headers), auth=basic_auth, transport=transport, timeout=timeout_s
-        )
-        self.client = PrometheusClient(url, client=http, timeout_s=timeout_s)
+        try:
+            http = httpx.Client(headers=_headers(url, headers), auth=basic_auth,
+                                transport=transport, timeout=timeout_s)  # fmt: skip
+        except UnicodeError as exc:
+            raise BadInput(
+                f"a Prometheus header (--prometheus-header) must be ASCII: {exc}"
+            ) from None
+        try:
+            self.client = PrometheusClient(url, client=http, timeout_s=timeout_s)
+        except BadInput:
+            http.close()
+            raise
         self._store: Store | None = None
         self._local: LocalReader | None = None
         self._fetched: tuple[float, float] | None = None
@@ -154,7 +164,8 @@ class PrometheusReader:
 
         def points(end: float, agg: str) -> list[tuple[float, float]]:
             got = self.client.query_range(f"{agg}(timestamp({sel}))", end - 2 * step, end, fine)
-            return sorted((t, v) for s in got for t, v in s.points if math.isfinite(v))
+            # a sample's time: a value past year 9999 (or NaN) is no time, and is left out
+            return sorted((t, v) for s in got for t, v in s.points if 0 <= v <= MAX_TS)
 
         def oldest(end: float) -> float:
             # The first fine point that sees data looks back up to 5 minutes and finds the
@@ -194,12 +205,15 @@ class PrometheusReader:
         store = open_store(":memory:")
         step = self.step_s or max(10.0, math.ceil((hi - lo) / MAX_STEPS))
         # Points at the end of each step: the increase up to a point belongs to its bucket.
-        for a, b in chunks(lo + step - 1e-3, hi + step - 1e-3, step):
-            engine, gpu = scrape_tables(
-                self.client.query_range(pq.engine_match(), a, b, step), self.pod_label
-            )
-            append_table(store, "engine_samples", engine)
-            append_table(store, "gpu_samples", gpu)
+        try:
+            for got in self.client.range_chunks(pq.engine_match(), lo + step - 1e-3,
+                                                hi + step - 1e-3, step):  # fmt: skip
+                engine, gpu = scrape_tables(got, self.pod_label)
+                append_table(store, "engine_samples", engine)
+                append_table(store, "gpu_samples", gpu)
+        except BaseException:
+            store.close()
+            raise
         return store
 
     def _keep(self, store: Store, fetched: tuple[float, float]) -> None:

@@ -191,6 +191,17 @@ BROKEN_SPECS = [
     ),
     pytest.param({"classes": [{"name": "a", "objective": 0.9, "slo": 1}]}, id="unknown class key"),
     pytest.param({"period": "a month"}, id="period not a duration"),
+    pytest.param({"service": "../../escape"}, id="service not a file name"),
+    pytest.param({"service": "s" * 64}, id="service too long"),
+    pytest.param({"classes": [{"name": "a\nb", "objective": 0.9}]}, id="class name with newline"),
+    pytest.param(
+        {"classes": [{"name": "a", "objective": 0.9, "match": {"model": []}}]},
+        id="match on an empty list",
+    ),
+    pytest.param({"cost": {"gpus_per_replica": 0.5}}, id="half a GPU"),
+    pytest.param({"cost": {"gpu_hour": 2}}, id="unknown cost key"),
+    pytest.param({"quality": {"require_pass": "no"}}, id="require_pass not a boolean"),
+    pytest.param({"qualityy": {"require_pass": True}}, id="unknown top-level key"),
 ]
 
 

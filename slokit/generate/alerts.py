@@ -23,9 +23,15 @@ from typing import Any
 
 import yaml
 
-from slokit.analysis.slo_spec import SloClass, SloSpec
+from slokit.analysis.slo_spec import SERVICE_NAME, SloClass, SloSpec
 from slokit.errors import BadInput
-from slokit.generate.burnrate import BurnRatePlan, WindowPair, prom_duration
+from slokit.generate.burnrate import (
+    BurnRatePlan,
+    WindowPair,
+    check_scale,
+    parse_prom_duration,
+    prom_duration,
+)
 from slokit.generate.promql import Labels, selector
 
 SLI_METRIC = "slokit_requests_total"
@@ -60,6 +66,11 @@ class AlertOptions:
     labels: Labels = field(default_factory=Labels)
     thresholds: SymptomThresholds = field(default_factory=SymptomThresholds)
     evaluation_interval: str | None = None  # group `interval`; None: Prometheus' global
+
+    def __post_init__(self) -> None:
+        check_scale(self.scale)
+        if self.evaluation_interval is not None:
+            parse_prom_duration(self.evaluation_interval, "evaluation interval")
 
     def runbook_url(self, rule: str) -> str:
         return f"{self.runbook_base_url.rstrip('/')}/{rule}.md"
@@ -113,7 +124,7 @@ def burn_alert(
     budget = 1.0 - cls.objective
     factor = w.factor(spec.period_s)
     long_w, short_w = plan.duration(w.long_s), plan.duration(w.short_s)
-    sel = selector({"class": cls.name})
+    sel = selector({"class": "=" + cls.name})  # "=": a name is never read as an operator
     cond = f"> {_num(factor)}"
     expr = (
         f"(\n  {ratio_record(long_w)}{sel} / {_num(budget)} {cond}\n)\n"
@@ -380,8 +391,10 @@ def header(what: str, source: str) -> str:
 def build_alert_files(spec: SloSpec, opts: AlertOptions) -> dict[str, str]:
     """File name -> YAML text, for every file ``slokit alerts build`` writes."""
     source = spec.source
-    if opts.scale <= 0:
-        raise BadInput(f"window scale must be > 0, got {opts.scale}")
+    check_scale(opts.scale)
+    # The loader allows only such names; a spec built in code must not escape --out either.
+    if not SERVICE_NAME.fullmatch(spec.service):
+        raise BadInput(f"service name {spec.service[:64]!r} cannot name a file")
     plan = BurnRatePlan(period_s=spec.period_s, scale=opts.scale)
     return {
         f"{spec.service}-slo.rules.yaml": dump_yaml(
@@ -403,9 +416,10 @@ def build_alert_files(spec: SloSpec, opts: AlertOptions) -> dict[str, str]:
 
 
 def write_alert_files(spec: SloSpec, out_dir: Path, opts: AlertOptions) -> list[Path]:
+    files = build_alert_files(spec, opts)  # first: a bad option leaves --out untouched
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, text in build_alert_files(spec, opts).items():
+    for name, text in files.items():
         path = out_dir / name
         path.write_text(text, encoding="utf-8")
         written.append(path)

@@ -14,6 +14,8 @@ same factor (tests run a "30-day" period in minutes), which leaves the factors u
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 
 from slokit.errors import BadInput
@@ -54,11 +56,53 @@ _UNITS: tuple[tuple[str, int], ...] = (
 )
 
 
+#: The longest duration Prometheus parses (a Go ``time.Duration``: int64 nanoseconds).
+MAX_PROM_DURATION_MS = (2**63 - 1) // 1_000_000
+#: A Prometheus duration as ``model.ParseDuration`` reads it: units largest first, each once.
+PROM_DURATION = re.compile(
+    r"(?:[0-9]+y)?(?:[0-9]+w)?(?:[0-9]+d)?(?:[0-9]+h)?(?:[0-9]+m)?(?:[0-9]+s)?(?:[0-9]+ms)?"
+)
+_PROM_UNITS_MS = {"y": 365 * 86_400_000, "w": 7 * 86_400_000, "d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1_000, "ms": 1}  # fmt: skip
+
+
+def parse_prom_duration(text: str, what: str = "duration") -> str:
+    """Check ``text`` is a Prometheus duration (``1m``, ``1h30m``, ``500ms``) above zero that
+    Prometheus can hold; return it unchanged. Anything else is :class:`BadInput` naming ``what``."""
+    if len(text) > 64 or not text or not PROM_DURATION.fullmatch(text):
+        raise BadInput(
+            f"{what}: not a Prometheus duration: {text[:64]!r} (expected e.g. 30s, 1m, 1h30m)"
+        )
+    ms = sum(
+        int(n) * _PROM_UNITS_MS[unit] for n, unit in re.findall(r"([0-9]+)(ms|[ywdhms])", text)
+    )
+    if not 0 < ms <= MAX_PROM_DURATION_MS:
+        raise BadInput(f"{what}: must be above 0 and at most 292y, got {text!r}")
+    return text
+
+
+def check_scale(scale: float) -> float:
+    """A window scale (``--window-scale``) must be a finite number above 0."""
+    if (
+        isinstance(scale, bool)
+        or not isinstance(scale, int | float)
+        or not math.isfinite(scale)
+        or scale <= 0
+    ):
+        raise BadInput(f"window scale (--window-scale) must be a finite number > 0, got {scale!r}")
+    return scale
+
+
 def prom_duration(seconds: float) -> str:
     """Seconds -> a Prometheus duration in the largest exact unit: 3600 -> ``1h``, 0.5 -> ``500ms``.
 
-    Durations are whole milliseconds (what Prometheus accepts); anything shorter is refused.
+    Durations are whole milliseconds (what Prometheus accepts); anything shorter is refused,
+    and so is anything longer than Prometheus can hold (292 years).
     """
+    if not math.isfinite(seconds) or seconds * 1000 > MAX_PROM_DURATION_MS:
+        raise BadInput(
+            f"a window of {seconds:g}s is longer than a Prometheus duration can be (292y); "
+            f"is the window scale too small?"
+        )
     ms = round(seconds * 1000)
     if ms <= 0:
         raise BadInput(f"a window must be at least 1ms, got {seconds}s")
@@ -77,8 +121,7 @@ class BurnRatePlan:
     scale: float = 1.0  # every duration is divided by this (tests: run "30d" in minutes)
 
     def __post_init__(self) -> None:
-        if self.scale <= 0:
-            raise BadInput(f"window scale must be > 0, got {self.scale}")
+        check_scale(self.scale)
         if self.period_s <= 0:
             raise BadInput(f"SLO period must be > 0, got {self.period_s}s")
         for w in self.windows:

@@ -274,9 +274,11 @@ def overview(opts: DashboardOptions) -> Dashboard:
     stats: list[Any] = []
     if spec is not None:
         for c in spec.classes:
-            one = selector({"class": c.name, "model": "=~$model", "replica": "=~$replica"})
+            # "=" + name: a class name is a literal value, never read as an operator
+            cls = "=" + c.name
+            one = selector({"class": cls, "model": "=~$model", "replica": "=~$replica"})
             one_bad = selector(
-                {"class": c.name, "model": "=~$model", "replica": "=~$replica", "outcome": "!=good"}
+                {"class": cls, "model": "=~$model", "replica": "=~$replica", "outcome": "!=good"}
             )
             stats.append(
                 stat(
@@ -737,9 +739,10 @@ def build_dashboards(opts: DashboardOptions) -> dict[str, str]:
 
 
 def write_dashboards(out_dir: Path, opts: DashboardOptions) -> list[Path]:
+    files = build_dashboards(opts)  # first: an error leaves --out untouched
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, text in build_dashboards(opts).items():
+    for name, text in files.items():
         path = out_dir / name
         path.write_text(text, encoding="utf-8")
         written.append(path)

@@ -37,18 +37,31 @@ class Labels:
 def selector(matchers: Mapping[str, str]) -> str:
     """``{"pod": "=~$replica", "bound": "ttft"}`` -> ``{pod=~"$replica",bound="ttft"}``.
 
-    A value starting with an operator (``=~``, ``!~``, ``!=``) keeps it; otherwise ``=``.
+    A value starting with an operator (``=~``, ``!~``, ``!=``, ``=``) keeps it; otherwise
+    ``=``: pass ``"=" + value`` for a value that may itself start with one. The value is
+    quoted as a PromQL string literal (:func:`quote`).
     """
     parts = []
     for name, value in matchers.items():
         op = "="
-        for candidate in ("=~", "!~", "!="):
+        for candidate in ("=~", "!~", "!=", "="):
             if value.startswith(candidate):
                 op, value = candidate, value[len(candidate) :]
                 break
-        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
-        parts.append(f'{name}{op}"{escaped}"')
+        parts.append(f"{name}{op}{quote(value)}")
     return "{" + ",".join(parts) + "}"
+
+
+def quote(value: str) -> str:
+    """A PromQL double-quoted string literal (Go's escapes): ``a"b`` -> ``"a\\"b"``; control
+    characters become ``\\n``, ``\\t``, ... or ``\\xNN``, which promtool reads back as is."""
+    return '"' + value.translate(_ESCAPES) + '"'
+
+
+_ESCAPES: dict[int, str] = {c: f"\\x{c:02x}" for c in [*range(0x20), 0x7F]}
+_ESCAPES.update(
+    {ord("\\"): "\\\\", ord('"'): '\\"', ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"}
+)
 
 
 #: Concrete stand-ins for Grafana's variables, used to check expressions outside Grafana.

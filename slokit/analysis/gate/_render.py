@@ -4,15 +4,37 @@ test cut at its end are shown beside the judged ones, when there are any)."""
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 
 from slokit.analysis.gate._checks import GateResult
 from slokit.analysis.gate._format import fmt_metric, pct
 from slokit.analysis.slo import GroupReport
 
+#: Characters XML 1.0 does not allow at all (escaping cannot help): most C0 controls,
+#: surrogates, U+FFFE and U+FFFF.
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _xml_text(text: str) -> str:
+    """``text`` with every character XML 1.0 forbids replaced by U+FFFD."""
+    return _NOT_XML.sub("\ufffd", text)
+
 
 def junit_xml(result: GateResult) -> str:
-    """JUnit XML: one testsuite per gate run, one testcase per class and check."""
+    """JUnit XML: one testsuite per gate run, one testcase per class and check. Names and
+    messages may hold anything (a class name, a baseline's text): characters XML cannot carry
+    are replaced, so the file always parses."""
+    root = _junit_tree(result)
+    for el in root.iter():
+        el.attrib = {k: _xml_text(v) for k, v in el.attrib.items()}
+        if el.text:
+            el.text = _xml_text(el.text)
+    ET.indent(root)
+    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def _junit_tree(result: GateResult) -> ET.Element:
     checks = result.checks
     failures = sum(c.failed for c in checks)
     skipped = sum(c.passed is None for c in checks)
@@ -49,8 +71,7 @@ def junit_xml(result: GateResult) -> str:
         else:
             out = ET.SubElement(case, "system-out")
             out.text = c.message
-    ET.indent(root)
-    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
+    return root
 
 
 def _ms(group: GroupReport, metric: str, q: float) -> str:

@@ -294,13 +294,11 @@ class Store:
             kept: list[Finding] = []
             for f in findings:
                 params = [f.rule, f.replica, f.end_ts, f.start_ts]
-                row = con.execute(
-                    f"SELECT min(epoch(start_ts)) FROM findings WHERE {episode}", params
-                ).fetchone()
-                began = None if row is None else row[0]
-                if began is not None:
-                    con.execute(f"DELETE FROM findings WHERE {episode}", params)
-                    f = dataclasses.replace(f, start_ts=min(f.start_ts, float(began)))
+                began = con.execute(
+                    f"DELETE FROM findings WHERE {episode} RETURNING epoch(start_ts)", params
+                ).fetchall()
+                if began:
+                    f = dataclasses.replace(f, start_ts=min(f.start_ts, *(b[0] for b in began)))
                 kept.append(f)
             if kept:
                 _append.insert_table(con, "findings", pa.table(self._findings_columns(kept)))

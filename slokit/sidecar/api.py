@@ -49,6 +49,10 @@ from slokit.store.window import resolve_window
 log = logging.getLogger("slokit.sidecar.api")
 
 MAX_FEEDBACK_BYTES = 4 * 1024 * 1024
+#: The Content-Encodings a feedback body may come in: what aiohttp's reader inflates (``br``
+#: and ``zstd`` only where their decoders are installed: elsewhere its parser answers 400).
+#: Any other would be read as if uncompressed.
+FEEDBACK_ENCODINGS = ("identity", "gzip", "deflate", "br", "zstd")
 #: The API's request line may be this long: a request id of MAX_REQUEST_ID_CHARS characters
 #: fits percent-encoded, and a longer one (up to about 10,000 bytes) still reaches the handler,
 #: which answers 414 with the limit instead of aiohttp's bare "line too long".
@@ -339,12 +343,19 @@ class Api:
         # first feedback POST, not in every running sidecar
         from slokit.sources.files import parse_quality
 
+        enc = (request.headers.get("Content-Encoding") or "identity").strip().lower()
+        if enc not in FEEDBACK_ENCODINGS:  # aiohttp would read it raw, or answer in plain text
+            return _error(415, f"unsupported Content-Encoding {enc[:64]!r}: send the body "
+                               "uncompressed, gzip or deflate")  # fmt: skip
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return _error(413, f"body over {MAX_FEEDBACK_BYTES} bytes")
         except RequestPayloadError as exc:  # broken framing, undecodable Content-Encoding
             return _error(400, f"malformed request body: {exc}")
+        except web.HTTPException as exc:  # any other refusal of aiohttp's reader, as JSON
+            return _error(exc.status if exc.status >= 400 else 400,
+                          f"malformed request body: {exc.reason}")  # fmt: skip
         try:
             doc = json.loads(body)
         except (ValueError, RecursionError):  # not JSON, not UTF-8, a 5,000-digit number, ...

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+import zlib
 from pathlib import Path
 
 import httpx
@@ -81,6 +83,20 @@ def test_feedback_sets_quality_on_the_request(
     one = httpx.post(f"{sc.api}/v1/feedback", json={"request_id": "r3", "quality_pass": "pass"})
     assert one.status_code == 200
     assert _quality(sc, "r3") == (True,)
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "GZIP"])
+def test_feedback_may_come_compressed(
+    start_sidecar: StartSidecar, export_body: bytes, encoding: str
+) -> None:
+    sc = start_sidecar()
+    assert post(sc.otlp, export_body).status_code == 200
+    body = b'[{"request_id": "r4", "quality_pass": false}]'
+    data = gzip.compress(body) if encoding.lower() == "gzip" else zlib.compress(body)
+    resp = httpx.post(f"{sc.api}/v1/feedback", content=data,
+                      headers={"Content-Type": "application/json", "Content-Encoding": encoding})  # fmt: skip
+    assert resp.status_code == 200 and resp.json() == {"accepted": 1}
+    assert _quality(sc, "r4") == (False,)
 
 
 @pytest.mark.parametrize(

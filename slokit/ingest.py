@@ -93,6 +93,9 @@ def expand_paths(paths: Iterable[str | Path], patterns: Sequence[str]) -> list[P
             out.extend(found)
         elif p.is_file():
             out.append(p)
+        elif p.exists():  # a FIFO, a socket, a device: read whole files only, sized first
+            raise BadInput(f"{p}: not a regular file or a directory (a pipe, socket or "
+                           "device); save the data to a file and give that")  # fmt: skip
         else:
             raise BadInput(f"{p}: no such file or directory")
     return out

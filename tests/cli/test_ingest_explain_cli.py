@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -216,3 +217,21 @@ def test_client_records_and_quality_join_the_vllm_spans(
     assert doc["sources"] == ["client", "quality", "vllm"]
     assert doc["components"]["client_ttft_s"] == 0.08
     assert doc["components"]["client_s"] is not None and doc["components"]["client_s"] > 0
+
+
+@pytest.mark.parametrize("kind", ["otlp", "metrics", "requests", "quality"])
+def test_ingesting_a_pipe_says_it_is_not_a_file(tmp_path: Path, kind: str) -> None:
+    """A FIFO is read whole files only (each is sized before it is read): named as what it
+    is, not reported missing."""
+    fifo = tmp_path / "export.pb"
+    os.mkfifo(fifo)
+    res = CliRunner().invoke(main, ["ingest", kind, str(fifo), "--db", str(tmp_path / "s.db")])
+    assert res.exit_code == 2, res.output
+    assert "not a regular file" in res.output and "no such file" not in res.output
+
+
+def test_ingesting_a_missing_path_says_so(tmp_path: Path) -> None:
+    res = CliRunner().invoke(main, ["ingest", "otlp", str(tmp_path / "nope.pb"),
+                                    "--db", str(tmp_path / "s.db")])  # fmt: skip
+    assert res.exit_code == 2, res.output
+    assert "no such file or directory" in res.output

@@ -2,6 +2,23 @@
 
 from __future__ import annotations
 
+import math
+import reprlib
+from typing import Any
+
+_short = reprlib.Repr()
+_short.maxstring = _short.maxother = 50
+_short.maxlist = _short.maxdict = 4
+_short.maxlevel = 2
+
+
+def show(value: Any) -> str:
+    """A value for an error message: its repr, cut short (a value read from a user's file
+    can be megabytes long, or an integer of thousands of digits)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    return _short.repr(value)
+
 
 class SlokitError(Exception):
     """Base class. ``exit_code`` is what the CLI exits with."""

@@ -23,6 +23,7 @@ from slokit.errors import BadInput
 from slokit.generate.alerts import AlertOptions, build_alert_files, dump_yaml, slo_rule_file
 from slokit.generate.burnrate import prom_duration
 from slokit.generate.promql import selector
+from slokit.lab.workload import load_workload
 
 HEAD = "slokit: v1\nservice: chat\n"
 CLASS = "classes:\n  - name: a\n    good_when: {ttft_ms: 1000}\n    objective: 0.99\n"
@@ -190,6 +191,34 @@ def test_a_few_aliases_are_fine(tmp_path: Path) -> None:
 def test_an_error_message_shows_a_long_value_cut_short(tmp_path: Path) -> None:
     msg = refused(tmp_path, GOOD.replace("0.99", "[" + ",".join(["x" * 100] * 1000) + "]"))
     assert "classes[0].objective: must be a number" in msg and len(msg) < 500
+
+
+LONG = "[" + ",".join(["x" * 100] * 1000) + "]"
+
+
+@pytest.mark.parametrize(
+    ("gate", "field"),
+    [
+        ("{max_burn_rate: @V}", "gate.max_burn_rate"),
+        ("{min_requests: @V}", "gate.min_requests"),
+        ("{percentiles: {a: {ttft_p95_ms: @V}}}", "gate.percentiles.a.ttft_p95_ms"),
+        ("{regression: {metrics: @V}}", "gate.regression"),
+        ("{regression: {confidence: @V}}", "gate.regression.confidence"),
+        ("{regression: {? " + "k" * 20_000 + " : 1}}", "gate.regression: unknown keys"),
+        ("{? " + "k" * 20_000 + " : 1}", "gate: unknown keys"),
+    ],
+)
+def test_a_gate_error_shows_a_long_value_cut_short(tmp_path: Path, gate: str, field: str) -> None:
+    msg = refused(tmp_path, GOOD + "gate: " + gate.replace("@V", LONG) + "\n")
+    assert field in msg and len(msg) < 500, msg[:600]
+
+
+def test_a_workload_error_shows_a_long_value_cut_short(tmp_path: Path) -> None:
+    p = write(tmp_path, "classes:\n  - name: chat\n    input: {dist: fixed, value: " + LONG
+              + "}\n    output: 8\n", "workload.yaml")  # fmt: skip
+    with pytest.raises(BadInput) as err:
+        load_workload(p)
+    assert "value" in str(err.value) and len(str(err.value)) < 500, str(err.value)[:600]
 
 
 # --- 3: numbers are finite --------------------------------------------------------------------

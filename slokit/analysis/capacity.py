@@ -28,7 +28,7 @@ from typing import Any
 
 from slokit.analysis.slo import run_of, sweep_points
 from slokit.analysis.slo_spec import SloSpec
-from slokit.errors import BadInput
+from slokit.errors import BadInput, show
 
 DTYPE_BYTES = {
     "float32": 4, "fp32": 4, "float": 4, "float16": 2, "fp16": 2, "half": 2, "bfloat16": 2,
@@ -67,7 +67,7 @@ def _int(cfg: Mapping[str, Any], key: str, where: str) -> int | None:
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-        raise BadInput(f"{where}: {key} must be a positive integer, got {v!r}")
+        raise BadInput(f"{where}: {key} must be a positive integer, got {show(v)}")
     return v
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import re
-import reprlib
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from slokit.errors import BadInput
+from slokit.errors import BadInput, show
 from slokit.timeutil import parse_duration
 
 #: Request fields a class may match on.
@@ -48,19 +47,6 @@ CLASS_NAME = re.compile(r"\w[\w.-]{0,62}")
 MAX_GPUS_PER_REPLICA = 100_000
 #: The most a GPU-hour may cost (same reason).
 MAX_GPU_HOUR_USD = 1e6
-
-_short = reprlib.Repr()
-_short.maxstring = _short.maxother = 50
-_short.maxlist = _short.maxdict = 4
-_short.maxlevel = 2
-
-
-def show(value: Any) -> str:
-    """A value for an error message: its repr, cut short (a spec value can be huge)."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
-        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
-    return _short.repr(value)
-
 
 @dataclass(frozen=True)
 class SloClass:

@@ -48,7 +48,7 @@ from typing import Any
 
 import yaml
 
-from slokit.errors import BadInput
+from slokit.errors import BadInput, show
 
 # Common short English words: each is one token for typical BPE vocabularies.
 _WORD_TEXT = """
@@ -294,7 +294,7 @@ def _parse_class(raw: Any, where: str) -> WorkloadClass:
         raise BadInput(f"{where}: 'slo_class' and 'tenant' must be strings")
     task_size = raw.get("task_size", 1)
     if not isinstance(task_size, int) or isinstance(task_size, bool) or task_size < 1:
-        raise BadInput(f"{where}.task_size: expected an integer >= 1, got {task_size!r}")
+        raise BadInput(f"{where}.task_size: expected an integer >= 1, got {show(task_size)}")
     return WorkloadClass(
         name=name,
         weight=weight,
@@ -333,7 +333,7 @@ def parse_length(raw: Any, where: str) -> LengthDist:
         if clamp_lo is not None and clamp_hi is not None and clamp_hi < clamp_lo:
             raise BadInput(f"{where}: max ({clamp_hi}) is below min ({clamp_lo})")
         return LengthDist("lognormal", median=median, sigma=sigma, min=clamp_lo, max=clamp_hi)
-    raise BadInput(f"{where}: 'dist' must be one of fixed, uniform, lognormal (got {kind!r})")
+    raise BadInput(f"{where}: 'dist' must be one of fixed, uniform, lognormal (got {show(kind)})")
 
 
 def _parse_prefix(raw: Any, where: str) -> SharedPrefix | None:
@@ -402,11 +402,11 @@ def _no_unknown(obj: dict[str, Any], allowed: set[str], where: str) -> None:
 
 def _int(raw: Any, where: str) -> int:
     if not isinstance(raw, int) or isinstance(raw, bool) or raw < 1:
-        raise BadInput(f"{where}: expected an integer >= 1, got {raw!r}")
+        raise BadInput(f"{where}: expected an integer >= 1, got {show(raw)}")
     return raw
 
 
 def _number(raw: Any, where: str, *, minimum: float) -> float:
     if not isinstance(raw, int | float) or isinstance(raw, bool) or raw < minimum:
-        raise BadInput(f"{where}: expected a number >= {minimum:g}, got {raw!r}")
+        raise BadInput(f"{where}: expected a number >= {minimum:g}, got {show(raw)}")
     return float(raw)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slokit.analysis.slo_spec import SloSpec
-from slokit.errors import BadInput
+from slokit.errors import BadInput, show
 
 #: A percentile bound's key: ``<metric>_p<q>_ms``.
 PCT_KEY = re.compile(r"^(?P<metric>ttft|tpot|itl|e2e)_p(?P<q>50|95|99)_ms$")
@@ -96,7 +96,7 @@ def _per_class(
         path = f"gate.{key}" + (f".{name}" if isinstance(raw, dict) else "")
         if not _is_number(v) or v < lo or (hi is not None and v > hi):
             rng = f"in [{lo:g}, {hi:g}]" if hi is not None else f">= {lo:g}"
-            raise _fail(spec, node, path, f"must be a number {rng}, got {v!r}")
+            raise _fail(spec, node, path, f"must be a number {rng}, got {show(v)}")
         out[name] = float(v)
     return out
 
@@ -108,7 +108,7 @@ def _regression(spec: SloSpec, raw: Any) -> RegressionConfig:
         raise _fail(spec, spec.gate, "gate.regression", "must be a mapping")
     unknown = set(raw) - _REG_KEYS - {"__line__"}
     if unknown:
-        raise _fail(spec, raw, "gate.regression", f"unknown keys {sorted(unknown)}")
+        raise _fail(spec, raw, "gate.regression", f"unknown keys {show(sorted(map(str, unknown)))}")
     cfg = RegressionConfig()
     metrics = raw.get("metrics", list(cfg.metrics))
     if (
@@ -120,7 +120,7 @@ def _regression(spec: SloSpec, raw: Any) -> RegressionConfig:
             spec,
             raw,
             "gate.regression.metrics",
-            f"a list of attainment or <ttft|tpot|itl|e2e>_p<50|95|99>, got {metrics!r}",
+            f"a list of attainment or <ttft|tpot|itl|e2e>_p<50|95|99>, got {show(metrics)}",
         )
 
     def num(
@@ -133,7 +133,7 @@ def _regression(spec: SloSpec, raw: Any) -> RegressionConfig:
         if not ok:
             kind = "an integer" if integer else "a number"
             rng = f"in [{lo:g}, {hi:g}]" if hi is not None else f">= {lo:g}"
-            raise _fail(spec, raw, f"gate.regression.{key}", f"must be {kind} {rng}, got {v!r}")
+            raise _fail(spec, raw, f"gate.regression.{key}", f"must be {kind} {rng}, got {show(v)}")
         return float(v)
 
     confidence = num("confidence", cfg.confidence, 0.5, 0.999)
@@ -174,7 +174,7 @@ def _percentiles(spec: SloSpec, gate: dict[str, Any]) -> dict[str, dict[str, flo
             if not PCT_KEY.match(str(k)):
                 raise _fail(spec, bounds, path, "expected <ttft|tpot|itl|e2e>_p<50|95|99>_ms")
             if not _is_number(v) or v <= 0:
-                raise _fail(spec, bounds, path, f"must be a number > 0, got {v!r}")
+                raise _fail(spec, bounds, path, f"must be a number > 0, got {show(v)}")
             percentiles[cname][str(k)] = float(v)
     return percentiles
 
@@ -185,7 +185,10 @@ def gate_config(spec: SloSpec) -> GateConfig:
     unknown = set(gate) - _GATE_KEYS - {"__line__"}
     if unknown:
         raise _fail(
-            spec, gate, "gate", f"unknown keys {sorted(unknown)}; one of {sorted(_GATE_KEYS)}"
+            spec,
+            gate,
+            "gate",
+            f"unknown keys {show(sorted(map(str, unknown)))}; one of {sorted(_GATE_KEYS)}",
         )
     min_att = _per_class(spec, gate, "min_attainment", 0, 1) if "min_attainment" in gate else {}
     max_burn = _per_class(spec, gate, "max_burn_rate", 0, None) if "max_burn_rate" in gate else {}
@@ -195,7 +198,7 @@ def gate_config(spec: SloSpec) -> GateConfig:
     if "min_requests" in gate:
         for name, v in _per_class(spec, gate, "min_requests", 0, None).items():
             if not v.is_integer():
-                raise _fail(spec, gate, "gate.min_requests", f"must be an integer, got {v!r}")
+                raise _fail(spec, gate, "gate.min_requests", f"must be an integer, got {show(v)}")
             min_req[name] = int(v)
     percentiles = _percentiles(spec, gate)
     return GateConfig(

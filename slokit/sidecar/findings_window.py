@@ -8,18 +8,56 @@ findings stop, while the incident goes on. So while findings are still going on 
 within ``ongoing_s`` of the newest data), the window starts when the earliest of them began,
 and the baseline stays the hour before the incident: for up to ``hold_s``, after which the
 window slides again (an incident that long has become what the baseline is).
+
+"Newest" is the newest data up to the sidecar's own clock (plus :data:`FUTURE_SLACK_S`): a
+span stamped hours ahead (a client whose clock is wrong, or that stamps local time as UTC;
+spans up to a day ahead are accepted) would otherwise move the window to its own time, where
+nothing else is, and blind the findings until the sidecar's clock caught up with it.
 """
 
 from __future__ import annotations
 
 from slokit.store.reader import Reader
 
-__all__ = ["FINDINGS_HOLD_S", "FINDINGS_WINDOW_S", "diagnosis_since"]
+__all__ = [
+    "FINDINGS_HOLD_S",
+    "FINDINGS_WINDOW_S",
+    "FUTURE_SLACK_S",
+    "diagnosis_since",
+    "diagnosis_window",
+]
 
 #: How far back the periodic diagnosis looks from the newest data.
 FINDINGS_WINDOW_S = 900.0
 #: How long an incident still going on holds the window's start at its own.
 FINDINGS_HOLD_S = 7200.0
+#: Data stamped up to this much after the sidecar's clock counts as now (other hosts' clocks
+#: drift by seconds); later data waits until the clock reaches it.
+FUTURE_SLACK_S = 60.0
+
+
+def diagnosis_window(
+    reader: Reader,
+    now: float,
+    *,
+    ongoing_s: float,
+    window_s: float = FINDINGS_WINDOW_S,
+    hold_s: float = FINDINGS_HOLD_S,
+) -> tuple[float | None, float] | None:
+    """``(since, until)`` for the diagnosis at ``now`` (the sidecar's clock): ``until`` the
+    newest data, or ``now`` where the newest is more than ``FUTURE_SLACK_S`` ahead of it;
+    ``since`` as :func:`diagnosis_since` picks it. None when the store holds no data up to
+    then."""
+    oldest, newest = reader.bounds()
+    if oldest is None or newest is None:
+        return None
+    # data from a clock well ahead of ours: the window ends at ours instead
+    until = newest if newest <= now + FUTURE_SLACK_S else now
+    if oldest >= until:
+        return None
+    since = diagnosis_since(reader, oldest, until, ongoing_s=ongoing_s, window_s=window_s,
+                            hold_s=hold_s)  # fmt: skip
+    return since, until
 
 
 def diagnosis_since(

@@ -37,7 +37,7 @@ from slokit.sidecar.connections import (
     handler_kwargs,
 )
 from slokit.sidecar.discovery import discovery_path, remove_discovery, write_discovery
-from slokit.sidecar.findings_window import diagnosis_since
+from slokit.sidecar.findings_window import diagnosis_window
 from slokit.sidecar.forward import Forwarder
 from slokit.sidecar.journal import Journal
 from slokit.sidecar.labels import label_limits
@@ -502,18 +502,21 @@ class Sidecar:
         from slokit.store.reader import LocalReader
 
         reader = LocalReader(con)
-        oldest, newest = reader.bounds()
-        if oldest is None or newest is None:
+        store = self.store
+        if store is None:
             return
-        since = diagnosis_since(reader, oldest, newest, ongoing_s=self._findings_recent_s())
+        window = diagnosis_window(reader, store.clock(), ongoing_s=self._findings_recent_s())
+        if window is None:
+            return
+        since, until = window
         try:
-            result = run_diagnosis(reader, since=since)
+            result = run_diagnosis(reader, since=since, until=until)
         except NotFound:
             return
         if self._stopping.is_set() or self.store is None:
             return
         store_findings(self.store, result.findings, window=(result.since, result.until))
-        recent = newest - self._findings_recent_s()
+        recent = until - self._findings_recent_s()
         g = self.metrics.findings_active
         g.clear()
         for f in result.findings:

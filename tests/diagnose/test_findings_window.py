@@ -11,7 +11,7 @@ from diag_synth import T0, engine, gpu, requests
 
 from slokit.analysis.diagnose import run_diagnosis, store_findings
 from slokit.records import EngineSample, GpuSample, RequestFragment
-from slokit.sidecar.findings_window import FINDINGS_WINDOW_S, diagnosis_since
+from slokit.sidecar.findings_window import FINDINGS_WINDOW_S, FUTURE_SLACK_S, diagnosis_window
 from slokit.store.db import Store, open_store
 
 TICK_S = 300.0  # the sidecar's default is 30 s: five-minute ticks keep the test short
@@ -55,13 +55,13 @@ class Ticks:
         s.append_gpu_samples([x for x in self.gpu if lo < x.ts <= now])
         self.upto = now
         reader = s.reader()
-        oldest, newest = reader.bounds()
-        assert oldest is not None and newest is not None
         kw = {} if hold_s is None else {"hold_s": hold_s}
-        since = diagnosis_since(reader, oldest, newest, ongoing_s=ONGOING_S, **kw)
-        result = run_diagnosis(reader, since=since)
+        window = diagnosis_window(reader, now, ongoing_s=ONGOING_S, **kw)
+        assert window is not None
+        since, until = window
+        result = run_diagnosis(reader, since=since, until=until)
         store_findings(s, result.findings, window=(result.since, result.until))
-        active = {f.rule for f in result.findings if f.end_ts >= newest - ONGOING_S}
+        active = {f.rule for f in result.findings if f.end_ts >= until - ONGOING_S}
         return since, active
 
 
@@ -108,3 +108,30 @@ def test_one_finding_is_stored_for_the_whole_incident(ticks: Ticks) -> None:
         "SELECT epoch(start_ts) FROM findings WHERE rule = 'queue_saturation'"
     ).fetchall()
     assert len(rows) == 1 and rows[0][0] == pytest.approx(INCIDENT, abs=10)
+
+
+@pytest.mark.parametrize("ahead_h", [2, 23])
+def test_a_request_stamped_hours_ahead_does_not_blind_the_findings(
+    ticks: Ticks, ahead_h: float
+) -> None:
+    """One client whose clock runs hours ahead (or that stamps local time as UTC): its span
+    is accepted (up to a day ahead), and the window stays at the sidecar's own time."""
+    ticks.tick(INCIDENT - 60)
+    skewed = requests(start=INCIDENT + 3600 * ahead_h, end=INCIDENT + 3600 * ahead_h + 1,
+                      every_s=2.0, prefix="skewed")  # fmt: skip
+    ticks.store.append_fragments(skewed)
+    for minute in range(5, 30, 5):
+        since, active = ticks.tick(INCIDENT + 60 * minute)
+        assert "queue_saturation" in active, f"{minute} min into the incident"
+        assert since is not None and since <= INCIDENT + 10
+
+
+def test_data_a_little_ahead_of_the_clock_is_in_the_window(ticks: Ticks) -> None:
+    """Other hosts' clocks drift by seconds: data up to FUTURE_SLACK_S ahead counts as now."""
+    now = INCIDENT + 600
+    ticks.tick(now)
+    ahead = requests(start=now + FUTURE_SLACK_S / 2, end=now + FUTURE_SLACK_S / 2 + 1,
+                     every_s=2.0, prefix="ahead")  # fmt: skip
+    ticks.store.append_fragments(ahead)
+    window = diagnosis_window(ticks.store.reader(), now, ongoing_s=ONGOING_S)
+    assert window is not None and window[1] >= now + FUTURE_SLACK_S / 2

@@ -48,6 +48,7 @@ MAX_GPUS_PER_REPLICA = 100_000
 #: The most a GPU-hour may cost (same reason).
 MAX_GPU_HOUR_USD = 1e6
 
+
 @dataclass(frozen=True)
 class SloClass:
     name: str

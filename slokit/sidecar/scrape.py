@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import re
 import time
@@ -172,6 +173,21 @@ def _drop_frames(exc: BaseException) -> None:
         seen.add(id(e))
         e.__traceback__ = None
         todo += [e.__cause__, e.__context__]
+
+
+def collect_young() -> None:
+    """Free the reference cycles a failed scrape left (called as each one returns).
+
+    A scrape stopped partway (a body or sample limit, a timeout, a broken connection) leaves
+    cycles inside httpx, httpcore and asyncio (their frames, tracebacks, the stream and its
+    socket transport) that hold what was read: about 200 KB each. Only the cyclic collector
+    frees them, and the sidecar's schedule (:mod:`slokit._gc`) runs a young collection every
+    50,000 net allocations: a target refused at its limit every second piled them up for
+    about 400 scrapes, RssAnon 51 -> 127 MB, before one ran (600 scrapes in one process,
+    side by side: with this, 51 -> 57 MB). Once the scrape has returned they are unreachable
+    and young (made since the last collection), so a young collection frees them; it walks
+    only what was allocated since the last one: 0.1 ms median, 1.4 ms at most."""
+    gc.collect(0)
 
 
 #: After a flush this big, hand the freed memory back to the OS (see :func:`release_memory`).
@@ -377,6 +393,8 @@ class Scraper:
         next_at = time.monotonic()
         while True:
             outcome = await self.scrape_once(target)
+            if not outcome.health.up:  # what it left is garbage now, all of it young
+                collect_young()
             self._store(outcome)
             if self.on_up is not None:
                 self.on_up(target, outcome.health.up, self.interval_s)

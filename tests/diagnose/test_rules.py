@@ -101,6 +101,29 @@ def test_a_backlog_that_fills_the_batch_is_queue_saturation_though_tpot_rose(
     assert f["evidence"]["tpot_p50_ratio"] == pytest.approx(1.8)
 
 
+def test_a_short_burst_that_fills_the_batch_is_queue_saturation_though_tpot_rose(
+    store: Store, run: Run
+) -> None:
+    """A 20 s burst on two sequences (real vLLM on a busy CPU): two buckets, the first partly
+    before the batch filled (1.1, then 1.8 from a baseline of 0). Their mean (1.45) is under
+    the batch factor; the fullest bucket is what says the batch filled."""
+
+    def burst(before: float, then: float) -> Any:
+        return lambda t: then if INCIDENT <= t < INCIDENT + 20 else before
+
+    def running(t: float) -> float:
+        in_burst = INCIDENT <= t < INCIDENT + 20
+        return 0.0 if not in_burst else 1.1 if t < INCIDENT + 10 else 1.8
+
+    store.append_fragments(
+        requests(every_s=0.25, queue_s=burst(0.02, 1.5), tpot_s=burst(0.02, 0.03))
+    )
+    store.append_engine_samples(engine(running=running, waiting=burst(0, 25)))
+    f = one(run(), "queue_saturation")
+    assert f["evidence"]["running_mean"] < 1.5 <= f["evidence"]["running_peak"]
+    assert "as the running batch grew 0.0 -> 1.8" in f["summary"]
+
+
 def test_tpot_rise_with_a_flat_batch_is_not_a_backlog(store: Store, run: Run) -> None:
     store.append_fragments(
         requests(queue_s=after(INCIDENT, 0.02, 1.5), tpot_s=after(INCIDENT, 0.02, 0.036))

@@ -15,7 +15,7 @@ episode is then classified:
   TPOT flat;
 * ``queue`` also when TPOT rose but only as the batch filled under overload: queue time
   carries most of the increase, requests waited, the running batch grew ``batch_factor``
-  times, and TTFT rose ``ttft_factor`` times more than TPOT (on hardware whose step time
+  times (in the episode's fullest bucket), and TTFT rose ``ttft_factor`` times more than TPOT (on hardware whose step time
   grows with the batch, a full batch slows decode while the backlog is the story);
 * ``None``: TPOT rose otherwise (decode-side: other rules judge it).
 """
@@ -49,6 +49,7 @@ class TtftIncrease:
     waiting_peak: float | None = None
     waiting_base_peak: float | None = None
     running_mean: float | None = None
+    running_peak: float | None = None  # the episode's fullest bucket (its mean batch)
     running_base_mean: float | None = None
     gpu_util: float | None = None
     gpu_util_base: float | None = None
@@ -181,6 +182,7 @@ def _context_of(ctx: DiagnoseContext, inc: TtftIncrease) -> None:
             _mean(ep, "running_mean"),
             _mean(base, "running_mean"),
         )
+        inc.running_peak = _max(ep, "running_mean")
     gpu = ctx.of("gpu", inc.replica) if not ctx.gpu.empty else None
     if gpu is not None and not gpu.empty:
         inc.gpu_util = _mean(in_span(ctx, gpu, inc.start, inc.end), "util_mean")
@@ -220,7 +222,11 @@ def _overloaded(ctx: DiagnoseContext, inc: TtftIncrease) -> bool:
         return False
     if inc.running_mean is None or inc.running_base_mean is None:
         return False
-    batch_ratio = inc.running_mean / max(inc.running_base_mean, 1.0)
+    # The batch at its fullest: a short burst's episode is a few buckets, the first of them
+    # partly before the burst, so its mean understates the batch the burst filled (a burst
+    # on two sequences: buckets of 1.1 and 1.8 from a baseline of 0).
+    filled = max(inc.running_mean, inc.running_peak or 0.0)
+    batch_ratio = filled / max(inc.running_base_mean, 1.0)
     if batch_ratio < o.batch_factor:
         return False  # every step slowed with the batch flat: not the batch filling
     if inc.waiting_peak is not None and inc.waiting_peak <= max(

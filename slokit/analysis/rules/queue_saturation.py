@@ -44,6 +44,7 @@ def latency_evidence(inc: TtftIncrease) -> dict[str, object]:
         "waiting_peak": inc.waiting_peak,
         "waiting_baseline_peak": inc.waiting_base_peak,
         "running_mean": rnd(inc.running_mean, 2),
+        "running_peak": rnd(inc.running_peak, 2),
         "running_baseline_mean": rnd(inc.running_base_mean, 2),
         "gpu_util_mean": rnd(inc.gpu_util, 3),
         "gpu_util_baseline_mean": rnd(inc.gpu_util_base, 3),
@@ -86,8 +87,9 @@ def ttft_headline(inc: TtftIncrease, flat_factor: float = 1.3) -> str:
     elif inc.tpot_ratio <= flat_factor:
         tpot = f"TPOT flat ({fmt_x(inc.tpot_ratio)})"
     else:  # a backlog that filled the batch: each step slowed as the batch grew
+        filled = max(inc.running_mean or 0.0, inc.running_peak or 0.0)
         batch = (
-            f" as the running batch grew {inc.running_base_mean:.1f} -> {inc.running_mean:.1f}"
+            f" as the running batch grew {inc.running_base_mean:.1f} -> {filled:.1f}"
             if inc.running_mean is not None and inc.running_base_mean is not None
             else ""
         )

@@ -1,14 +1,19 @@
-"""What the benchmarks that run a sidecar process share: a free port, starting it and waiting
-until it is ready or its writer has drained, and reading its CPU time and RSS from /proc."""
+"""What the benchmarks that run a sidecar process share: a free port, a scrape target served
+from a thread, starting it and waiting until it is ready or its writer has drained, and
+reading its CPU time and RSS from /proc."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import socket
 import subprocess
+import threading
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -19,6 +24,27 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def serve_in_thread(routes: dict[str, Callable[[Any], Awaitable[Any]]]) -> int:
+    """Serve aiohttp GET ``routes`` (path -> handler) on 127.0.0.1 from an event loop in a
+    daemon thread (a scrape target the sidecar process reads); returns the port."""
+    from aiohttp import web
+
+    port = free_port()
+    loop = asyncio.new_event_loop()
+
+    async def start() -> None:
+        app = web.Application()
+        for path, handler in routes.items():
+            app.router.add_get(path, handler)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    asyncio.run_coroutine_threadsafe(start(), loop).result(10)
+    return port
 
 
 def proc_cpu_s(pid: int) -> float:

@@ -18,18 +18,16 @@ Before the limits (issue "nothing hostile takes the sidecar down"): 20k models m
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import re
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import httpx
-from _sidecar import free_port, proc_rss_mb, wait_ready
+from _sidecar import free_port, proc_rss_mb, serve_in_thread, wait_ready
 from _synth import llm_request_export
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
@@ -56,21 +54,11 @@ class Target:
         from aiohttp import web
 
         self.body = body
-        self.port = free_port()
-        self.loop = asyncio.new_event_loop()
 
         async def metrics(request: web.Request) -> web.Response:
             return web.Response(body=self.body, content_type="text/plain")
 
-        async def start() -> None:
-            app = web.Application()
-            app.router.add_get("/metrics", metrics)
-            runner = web.AppRunner(app, access_log=None)
-            await runner.setup()
-            await web.TCPSite(runner, "127.0.0.1", self.port).start()
-
-        threading.Thread(target=self.loop.run_forever, daemon=True).start()
-        asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
+        self.port = serve_in_thread({"/metrics": metrics})
 
 
 def _huge(series: int) -> bytes:

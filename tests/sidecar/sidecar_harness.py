@@ -141,6 +141,22 @@ def wait_for(cond: Callable[[], bool], timeout: float = 5.0, what: str = "condit
         time.sleep(0.02)
 
 
+def wait_for_progress(
+    value: Callable[[], float], target: float, stall_s: float = 120.0, what: str = "progress"
+) -> None:
+    """Wait until ``value()`` reaches ``target``; give up only once it has not moved for
+    ``stall_s`` (a busy machine slows the sidecar, it does not stop it)."""
+    import time
+
+    last, moved = value(), time.monotonic()
+    while (now := value()) < target:
+        if now != last:
+            last, moved = now, time.monotonic()
+        elif time.monotonic() - moved > stall_s:
+            raise AssertionError(f"{what}: stuck at {now} of {target} for {stall_s:g} s")
+        time.sleep(0.05)
+
+
 class TargetServer:
     """A small aiohttp /metrics target whose behaviour a test switches between scrapes."""
 

@@ -17,7 +17,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from sidecar_harness import StartSidecar, post, wait_for
+from sidecar_harness import StartSidecar, post, wait_for_progress
 
 from slokit.analysis.slo_spec import load_spec
 from slokit.errors import BadInput
@@ -158,7 +158,8 @@ def test_twenty_thousand_model_names_stay_under_the_series_budget_in_a_real_side
 
     sli = sc.sidecar.sli
     assert sli is not None
-    wait_for(lambda: sli.counted == len(models), timeout=120, what="all requests counted")
+    wait_for_progress(lambda: sli.counted, len(models), what="requests counted")
+    assert sli.counted == len(models)
     t = time.perf_counter()
     text = httpx.get(f"{sc.api}/metrics", timeout=30).text
     took = time.perf_counter() - t

@@ -26,6 +26,11 @@ requests than the bound at a high rate. It says how many of those it deleted arr
 minutes the lake had not written, and the newest arrival it deleted (the lake stops revisiting
 the minutes up to it, which would otherwise be written again without the deleted rows).
 
+Both say from which arrival on the requests kept are whole (``whole_from``): the newest
+arrival they deleted, leaving out arrivals a sender's clock stamped ahead of the store's. A
+diagnosis of the store starts no earlier (the engine and GPU samples go back further, by age
+alone: a baseline of samples whose requests are gone would blind the request rules).
+
 :func:`prune_samples` deletes, by age alone, the rows of the store's time series (engine, GPU
 and router samples, scrapes, findings, rejection and unjoined-span counts) dated before
 ``now - max_age_s``, except those a lake has not written yet. They have no index: the delete
@@ -46,6 +51,7 @@ if TYPE_CHECKING:
     from slokit.store.db import Store
 
 __all__ = [
+    "ARRIVAL_SLACK_S",
     "PRUNE_CHUNK",
     "SAMPLE_TABLES",
     "Pruned",
@@ -68,6 +74,16 @@ SAMPLE_TABLES: tuple[tuple[str, str], ...] = (
 )
 #: When a request was first seen; one stored before the column existed counts as the oldest.
 _FIRST_SEEN = "coalesce(first_ingested_at, to_timestamp(0))"
+#: An arrival stamped more than this after the store first saw its request is a sender's
+#: clock running ahead (spans up to a day ahead are accepted): it says nothing of what the
+#: store holds.
+ARRIVAL_SLACK_S = 60.0
+#: ``whole_from`` of the requests being deleted (``slokit_gone``, columns ``a``: arrival and
+#: ``f``: first seen, epoch seconds): the newest arrival among them, leaving out those stamped
+#: more than ``ARRIVAL_SLACK_S`` after the store first saw them. A request that arrived
+#: before it may be gone, so the store's requests are whole only from then on (a diagnosis
+#: whose baseline reached further back would compare with too few).
+_WHOLE_FROM = f"max(a) FILTER (WHERE a <= f + {ARRIVAL_SLACK_S})"
 #: Requests deleted per transaction, the writer getting the store between them. From a store
 #: of 150,000 a chunk costs about 14 µs of CPU per request: choosing them 5, the deletes 3,
 #: taking their keys out of the indexes at commit 5 (37 before schema 8 stored the ids
@@ -77,22 +93,26 @@ PRUNE_CHUNK = 5_000
 
 @dataclass(frozen=True)
 class Pruned:
-    """What one :func:`prune_requests` deleted."""
+    """What one :func:`prune_requests` deleted; ``whole_from``: the requests kept are whole
+    from this arrival on (:data:`_WHOLE_FROM`; None: no deleted request says)."""
 
     requests: int = 0
     fragments: int = 0
+    whole_from: float | None = None
 
 
 @dataclass(frozen=True)
 class PrunedPastHold:
     """What one :func:`prune_past_hold` deleted: ``unwritten`` of the ``requests`` arrived at
     or after ``written_before`` (in minutes the lake had not written); ``newest_arrival`` is
-    the latest arrival among them (epoch seconds; None when none had one)."""
+    the latest arrival among them (epoch seconds; None when none had one); ``whole_from`` as
+    :class:`Pruned`'s."""
 
     requests: int = 0
     fragments: int = 0
     unwritten: int = 0
     newest_arrival: float | None = None
+    whole_from: float | None = None
 
 
 def prune_requests(
@@ -106,12 +126,18 @@ def prune_requests(
     """Delete the oldest requests (and their fragments) past either bound (None: no bound);
     ``now`` is the store's clock, in epoch seconds."""
     requests = fragments = 0
+    whole: float | None = None
     while True:
-        n_req, n_frag = _prune_chunk(store, now, max_age_s, max_requests, keep_arrivals_from)
+        n_req, n_frag, last = _prune_chunk(store, now, max_age_s, max_requests, keep_arrivals_from)
         requests += n_req
         fragments += n_frag
+        whole = _later(whole, last)
         if n_req < PRUNE_CHUNK:
-            return Pruned(requests, fragments)
+            return Pruned(requests, fragments, whole)
+
+
+def _later(a: float | None, b: float | None) -> float | None:
+    return a if b is None else b if a is None else max(a, b)
 
 
 def _prune_chunk(
@@ -120,7 +146,8 @@ def _prune_chunk(
     max_age_s: float | None,
     max_requests: int | None,
     keep_arrivals_from: float | None,
-) -> tuple[int, int]:
+) -> tuple[int, int, float | None]:
+    """Requests and fragments deleted, and the ``whole_from`` of the requests."""
     with store.transaction() as con:
         lake, lake_params = "true", []
         if keep_arrivals_from is not None:
@@ -132,7 +159,7 @@ def _prune_chunk(
         params: list[Any] = []
         if max_age_s is not None and math.isfinite(max_age_s):
             parts.append(
-                f"SELECT request_id, {_FIRST_SEEN} AS t FROM requests "
+                f"SELECT request_id, arrival_ts, {_FIRST_SEEN} AS t FROM requests "
                 f"WHERE {_FIRST_SEEN} < to_timestamp(?) AND {lake}"
             )
             params += [now - max_age_s, *lake_params]
@@ -140,25 +167,28 @@ def _prune_chunk(
             excess = int(run(con, "SELECT count(*) FROM requests")[0][0]) - max_requests
             if excess > 0:  # exactly the excess oldest, ties broken by id
                 parts.append(
-                    f"SELECT request_id, t FROM (SELECT request_id, arrival_ts, {_FIRST_SEEN} AS t "
-                    f"FROM requests ORDER BY t, request_id LIMIT ?) WHERE {lake}"
+                    f"SELECT request_id, arrival_ts, t FROM (SELECT request_id, arrival_ts, "
+                    f"{_FIRST_SEEN} AS t FROM requests ORDER BY t, request_id LIMIT ?) "
+                    f"WHERE {lake}"
                 )
                 params += [excess, *lake_params]
         if not parts:
-            return 0, 0
-        slokit_gone = con.sql(  # the DELETEs below read it by name
-            f"SELECT request_id FROM ({' UNION '.join(parts)}) ORDER BY t, request_id LIMIT ?",
+            return 0, 0, None
+        slokit_gone = con.sql(  # the statements below read it by name
+            f"SELECT request_id, epoch(arrival_ts) AS a, epoch(t) AS f "
+            f"FROM ({' UNION '.join(parts)}) ORDER BY t, request_id LIMIT ?",
             params=[*params, PRUNE_CHUNK],
         ).to_arrow_table()
         if slokit_gone.num_rows == 0:
-            return 0, 0
+            return 0, 0, None
+        last = con.execute(f"SELECT {_WHOLE_FROM} FROM slokit_gone").fetchall()[0][0]
         gone = "request_id IN (SELECT request_id FROM slokit_gone)"
         # execute here, not in a helper: DuckDB finds slokit_gone among the caller's locals
         fragments = con.execute(f"DELETE FROM request_fragments WHERE {gone}").fetchall()[0][0]
         requests = con.execute(f"DELETE FROM requests WHERE {gone}").fetchall()[0][0]
     if store._rows_estimate is not None:
         store._rows_estimate = max(0, store._rows_estimate - fragments)
-    return int(requests), int(fragments)
+    return int(requests), int(fragments), None if last is None else float(last)
 
 
 def prune_past_hold(store: Store, *, max_requests: int, written_before: float) -> PrunedPastHold:
@@ -166,19 +196,20 @@ def prune_past_hold(store: Store, *, max_requests: int, written_before: float) -
     whatever a lake holds back; ``written_before`` (epoch seconds): the lake has written every
     minute before it."""
     requests = fragments = unwritten = 0
-    newest: float | None = None
+    newest = whole = None
     while True:
         with store.transaction() as con:
             excess = int(run(con, "SELECT count(*) FROM requests")[0][0]) - max_requests
             if excess <= 0:
                 break
             slokit_gone = con.sql(  # noqa: F841 - the statements below read it by name
-                f"SELECT request_id, epoch(arrival_ts) AS a FROM requests "
-                f"ORDER BY {_FIRST_SEEN}, request_id LIMIT ?",
+                f"SELECT request_id, epoch(arrival_ts) AS a, epoch({_FIRST_SEEN}) AS f "
+                f"FROM requests ORDER BY {_FIRST_SEEN}, request_id LIMIT ?",
                 params=[min(excess, PRUNE_CHUNK)],
             ).to_arrow_table()
-            n_new, last = con.execute(
-                "SELECT count(*) FILTER (WHERE a >= ?), max(a) FROM slokit_gone", [written_before]
+            n_new, last, last_whole = con.execute(
+                f"SELECT count(*) FILTER (WHERE a >= ?), max(a), {_WHOLE_FROM} FROM slokit_gone",
+                [written_before],
             ).fetchall()[0]
             gone = "request_id IN (SELECT request_id FROM slokit_gone)"
             n_frag = con.execute(f"DELETE FROM request_fragments WHERE {gone}").fetchall()[0][0]
@@ -186,11 +217,11 @@ def prune_past_hold(store: Store, *, max_requests: int, written_before: float) -
         requests += int(n_req)
         fragments += int(n_frag)
         unwritten += int(n_new)
-        if last is not None:
-            newest = float(last) if newest is None else max(newest, float(last))
+        newest = _later(newest, None if last is None else float(last))
+        whole = _later(whole, None if last_whole is None else float(last_whole))
         if store._rows_estimate is not None:
             store._rows_estimate = max(0, store._rows_estimate - int(n_frag))
-    return PrunedPastHold(requests, fragments, unwritten, newest)
+    return PrunedPastHold(requests, fragments, unwritten, newest, whole)
 
 
 def prune_samples(

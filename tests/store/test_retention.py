@@ -66,6 +66,41 @@ def test_past_the_count_the_first_seen_are_deleted_with_all_their_fragments(
     assert _ids(store, "request_fragments") == kept
 
 
+def test_pruning_says_from_which_arrival_the_requests_kept_are_whole(
+    store: Store, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The newest arrival deleted, over every chunk (a diagnosis starts there)."""
+    monkeypatch.setattr(retention, "PRUNE_CHUNK", 2)
+    for i, arrival in enumerate((-30, -90, -10, -20, -5)):  # chunks r0 r1 | r2 r3 | r4
+        _ingest(store, clock, [f"r{i}"], T0 + i, arrival=T0 + arrival)
+    _ingest(store, clock, ["nil"], T0 + 5, arrival=None)
+    assert prune_requests(store, now=T0 + 10, max_requests=1).whole_from == T0 - 5
+    assert prune_requests(store, now=T0 + 10, max_requests=1).whole_from is None  # none went
+
+
+def test_an_arrival_stamped_ahead_of_the_stores_clock_says_nothing_of_what_is_whole(
+    store: Store, clock: Clock
+) -> None:
+    """A sender's clock a day ahead: its request deleted, the requests kept are not taken
+    for whole only from tomorrow on (a diagnosis would have nothing left to read)."""
+    _ingest(store, clock, ["skewed"], T0, arrival=T0 + 86_000)
+    _ingest(store, clock, ["r"], T0 + 1, arrival=T0 - 1)
+    _ingest(store, clock, ["kept"], T0 + 2, arrival=T0 + 1)
+    pruned = prune_requests(store, now=T0 + 10, max_requests=1)
+    assert pruned.requests == 2
+    assert pruned.whole_from == T0 - 1
+
+
+def test_past_the_hold_it_says_from_which_arrival_the_requests_kept_are_whole(
+    store: Store, clock: Clock
+) -> None:
+    _ingest(store, clock, ["a"], T0, arrival=T0 - 20)
+    _ingest(store, clock, ["ahead"], T0 + 1, arrival=T0 + 86_000)
+    _ingest(store, clock, ["kept"], T0 + 2, arrival=T0 + 1)
+    gone = prune_past_hold(store, max_requests=1, written_before=T0 - 60)
+    assert (gone.whole_from, gone.newest_arrival) == (T0 - 20, T0 + 86_000)
+
+
 def test_past_the_age_the_first_seen_are_deleted(store: Store, clock: Clock) -> None:
     _ingest(store, clock, ["old"], T0)
     _ingest(store, clock, ["new"], T0 + 3600)

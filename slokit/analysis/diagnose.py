@@ -88,12 +88,25 @@ def run_diagnosis(
     *,
     options: DiagnoseOptions | None = None,
     rules: Sequence[Rule] | None = None,
+    requests_from: float | None = None,
 ) -> Diagnosis:
-    """Run the rules over [since, until]; NotFound when the store holds no data there."""
+    """Run the rules over [since, until]; NotFound when the store holds no data there.
+
+    ``requests_from`` (default: the reader's, where it has one): the store's requests are
+    whole only from then on (retention deleted the older ones, while the time series it also
+    holds may go back further): the window and its baseline start no earlier, so that no
+    rule compares the window's requests with a baseline that lost its own."""
     opt = options or DiagnoseOptions()
+    if requests_from is None:  # a LocalReader of a sidecar's store has one
+        requests_from = getattr(reader, "requests_from", None)
     lo, hi = reader.bounds()
     if lo is None or hi is None:
         raise NotFound("the store holds no requests, engine or GPU samples")
+    # (a window that ends before it is read as it is: the time series are whole there)
+    clamped = False
+    reaches = requests_from is not None and (until is None or until > requests_from)
+    if requests_from is not None and reaches and lo < requests_from < hi:
+        lo, clamped = requests_from, True
     if since is not None and until is not None and until <= since:
         raise BadInput(f"empty window: since {iso(since)} is not before until {iso(until)}")
     if (since is not None and since > hi) or (until is not None and until < lo):
@@ -150,6 +163,8 @@ def run_diagnosis(
             "from": ctx.baseline_source,
         },
     }
+    if clamped:
+        window["requests_from"] = iso(lo)
     coverage: dict[str, Any] = {
         "sources": {name: s.to_json() for name, s in ctx.sources.items()},
         "rules": status,

@@ -131,9 +131,13 @@ class Api:
         ack_timeout_s: float = 30.0,
         not_found_hint: str | None = None,
         threads: int = 0,
+        requests_from: Callable[[], float | None] | None = None,
     ) -> None:
         """``threads``: the API's own threads for its reads (0: the event loop's default
-        executor, shared with the receivers' decoding and the scrapes' parsing)."""
+        executor, shared with the receivers' decoding and the scrapes' parsing);
+        ``requests_from``: where the store's requests are whole from (retention deleted the
+        older ones; None: all are), read at each diagnosis."""
+        self.requests_from = requests_from or (lambda: None)
         #: Appended to explain's 404: where a request this store no longer holds went.
         self.not_found_hint = not_found_hint
         self.store = store
@@ -244,7 +248,8 @@ class Api:
         since_raw, until_raw = request.query.get("since"), request.query.get("until")
 
         def run(con: Any) -> Any:
-            return slokit.diagnose(LocalReader(con), since_raw, until_raw).to_dict()
+            reader = LocalReader(con, requests_from=self.requests_from())
+            return slokit.diagnose(reader, since_raw, until_raw).to_dict()
 
         try:
             doc = await self._read(run)

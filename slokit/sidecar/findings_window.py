@@ -13,6 +13,13 @@ window slides again (an incident that long has become what the baseline is).
 span stamped hours ahead (a client whose clock is wrong, or that stamps local time as UTC;
 spans up to a day ahead are accepted) would otherwise move the window to its own time, where
 nothing else is, and blind the findings until the sidecar's clock caught up with it.
+
+"Oldest" is the oldest data, or ``requests_from`` where retention deleted the requests before
+it: the store keeps its newest ``retention_requests`` (150,000: 12.5 minutes at 200 req/s)
+while the engine and GPU samples go back a day, so a window and baseline placed by the
+samples alone would compare the window's requests with a baseline that has none left, and the
+request rules would go blind on every busy pod. The window and its baseline then share the
+requests the store still holds (``run_diagnosis(requests_from=...)``).
 """
 
 from __future__ import annotations
@@ -43,14 +50,17 @@ def diagnosis_window(
     ongoing_s: float,
     window_s: float = FINDINGS_WINDOW_S,
     hold_s: float = FINDINGS_HOLD_S,
+    requests_from: float | None = None,
 ) -> tuple[float | None, float] | None:
     """``(since, until)`` for the diagnosis at ``now`` (the sidecar's clock): ``until`` the
     newest data, or ``now`` where the newest is more than ``FUTURE_SLACK_S`` ahead of it;
-    ``since`` as :func:`diagnosis_since` picks it. None when the store holds no data up to
-    then."""
+    ``since`` as :func:`diagnosis_since` picks it, from ``requests_from`` on where that is
+    later than the oldest data. None when the store holds no data up to then."""
     oldest, newest = reader.bounds()
     if oldest is None or newest is None:
         return None
+    if requests_from is not None:
+        oldest = max(oldest, requests_from)
     # data from a clock well ahead of ours: the window ends at ours instead
     until = newest if newest <= now + FUTURE_SLACK_S else now
     if oldest >= until:

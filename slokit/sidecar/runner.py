@@ -203,6 +203,9 @@ class Sidecar:
         self._journal: Journal | None = None
         self._started = False
         self._discovery = False
+        #: The store's requests are whole from this arrival on: retention deleted older ones
+        #: (None: none deleted). The diagnoses start no earlier (findings_window).
+        self._requests_from: float | None = None
         self.store: Store | None = None
         self.writer: Writer | None = None
         self.sli: SliAccountant | None = None
@@ -270,7 +273,7 @@ class Sidecar:
 
         api = Api(store, writer, self.metrics, spec=spec, ready=lambda: self._started,
                   ack_timeout_s=cfg.ack_timeout_s, not_found_hint=retention_hint(cfg),
-                  threads=cfg.api_threads)  # fmt: skip
+                  threads=cfg.api_threads, requests_from=lambda: self._requests_from)  # fmt: skip
         self._stoppables.append(api.close)
         # Each listener's own connection cap, within what the open-file limit allows.
         caps = fit_caps({"api": cfg.api_max_connections,
@@ -324,6 +327,8 @@ class Sidecar:
         if exporter is not None:
             self._periodic("parquet", 10.0, exporter.export_closed_minutes)
         if cfg.retention_requests or cfg.retention_s:
+            if cfg.retention_requests:
+                await asyncio.to_thread(self._on_cursor, store, self._requests_kept_from)
             self._periodic("retention", RETENTION_INTERVAL_S, lambda _: self._prune(exporter))
         if cfg.db != ":memory:":
             host = split_host_port(cfg.listen)[0]
@@ -447,6 +452,7 @@ class Sidecar:
             max_requests=cfg.retention_requests or None,
             keep_arrivals_from=keep.get("requests"),
         )
+        self._deleted_through(pruned.whole_from)
         if pruned.requests:
             self.metrics.requests_pruned.inc(pruned.requests)
             log.debug("retention: deleted %d requests (%d fragments)", pruned.requests,
@@ -458,6 +464,20 @@ class Sidecar:
         rows = prune_samples(store, now=now, max_age_s=cfg.retention_s, keep_from=keep)
         for table, n in rows.items():
             self.metrics.rows_pruned.labels(table=table).inc(n)
+
+    def _deleted_through(self, arrival: float | None) -> None:
+        """Retention deleted requests that arrived up to ``arrival``."""
+        if arrival is not None:
+            self._requests_from = max(arrival, self._requests_from or arrival)
+
+    def _requests_kept_from(self, con: Any) -> None:
+        """At start: a store already at ``retention_requests`` had its older requests
+        deleted by an earlier run; they are whole from its oldest arrival on."""
+        bound = self.config.retention_requests
+        sql = "SELECT count(*), epoch(min(arrival_ts)) FROM requests"
+        n, oldest = con.execute(sql).fetchall()[0]
+        if bound and n >= bound and oldest is not None:
+            self._deleted_through(float(oldest))
 
     def _prune_past_hold(self, store: Store, lake: ParquetExporter, bound: int) -> None:
         """Keep the store within ``bound`` requests whatever the lake has written (a lake
@@ -472,6 +492,7 @@ class Sidecar:
             )
             if gone.newest_arrival is not None:
                 lake.stop_revisiting("requests", gone.newest_arrival)
+            self._deleted_through(gone.whole_from)
         if not gone.requests:
             return
         self.metrics.requests_pruned.inc(gone.requests)
@@ -501,11 +522,12 @@ class Sidecar:
         from slokit.errors import NotFound
         from slokit.store.reader import LocalReader
 
-        reader = LocalReader(con)
+        reader = LocalReader(con, requests_from=self._requests_from)
         store = self.store
         if store is None:
             return
-        window = diagnosis_window(reader, store.clock(), ongoing_s=self._findings_recent_s())
+        window = diagnosis_window(reader, store.clock(), ongoing_s=self._findings_recent_s(),
+                                  requests_from=reader.requests_from)  # fmt: skip
         if window is None:
             return
         since, until = window

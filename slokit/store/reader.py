@@ -169,8 +169,14 @@ class LocalReader:
 
     basis: Literal["records", "histograms"] = "records"
 
-    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+    def __init__(
+        self, con: duckdb.DuckDBPyConnection, *, requests_from: float | None = None
+    ) -> None:
+        """``requests_from``: the store's requests are whole from this arrival on (a
+        sidecar's retention deleted older ones while its samples go back further); a
+        diagnosis starts no earlier (:func:`slokit.analysis.diagnose.run_diagnosis`)."""
         self.con = con
+        self.requests_from = requests_from
 
     def bounds(self) -> tuple[float | None, float | None]:
         return frames.data_bounds(self.con)

@@ -13,6 +13,8 @@ from slokit.analysis.diagnose import run_diagnosis, store_findings
 from slokit.records import EngineSample, GpuSample, RequestFragment
 from slokit.sidecar.findings_window import FINDINGS_WINDOW_S, FUTURE_SLACK_S, diagnosis_window
 from slokit.store.db import Store, open_store
+from slokit.store.retention import prune_requests
+from slokit.timeutil import iso, parse_time
 
 TICK_S = 300.0  # the sidecar's default is 30 s: five-minute ticks keep the test short
 ONGOING_S = 2 * TICK_S  # the sidecar's: a finding that ended this recently is still going on
@@ -135,3 +137,89 @@ def test_data_a_little_ahead_of_the_clock_is_in_the_window(ticks: Ticks) -> None
     ticks.store.append_fragments(ahead)
     window = diagnosis_window(ticks.store.reader(), now, ongoing_s=ONGOING_S)
     assert window is not None and window[1] >= now + FUTURE_SLACK_S / 2
+
+
+class PrunedTicks:
+    """The sidecar's store under retention: requests every second, the newest ``keep`` of
+    them kept (as ``retention_requests`` does at a high rate: 150,000 are 12.5 minutes at
+    200 req/s), while the engine and GPU samples go back further (a day, by age)."""
+
+    def __init__(self, keep: int) -> None:
+        self.now = T0
+        self.store = open_store(":memory:", clock=lambda: self.now)
+        self.keep = keep
+        self.requests_from: float | None = None  # as the sidecar's runner tracks it
+        during = lambda before, then: lambda t: then if t >= INCIDENT else before  # noqa: E731
+        # the requests of the last half hour before the incident: enough for the bounds
+        self.fragments = requests(start=INCIDENT - 1800, end=END, every_s=1.0,
+                                  queue_s=during(0.02, 1.5))  # fmt: skip
+        self.samples = engine(start=T0, end=END, every_s=5.0, waiting=during(0, 37))
+        self.gpu = gpu(start=T0, end=END)
+
+    def tick(self, now: float, *, with_mark: bool = True) -> tuple[dict, set[str]]:
+        """Store what finished by ``now`` (a minute at a time, each first seen then),
+        prune past ``keep``, diagnose as the findings tick does: the diagnosis's window and
+        the rules with an active finding."""
+        s = self.store
+        while self.now < now:
+            lo, self.now = self.now, min(now, self.now + 60.0)
+            s.append_fragments([f for f in self.fragments if lo < (f.finish_ts or 0) <= self.now])
+            s.append_engine_samples([x for x in self.samples if lo < x.ts <= self.now])
+            s.append_gpu_samples([x for x in self.gpu if lo < x.ts <= self.now])
+        pruned = prune_requests(s, now=now, max_requests=self.keep)
+        if pruned.whole_from is not None:
+            self.requests_from = max(pruned.whole_from, self.requests_from or 0.0)
+        mark = self.requests_from if with_mark else None
+        reader = s.reader()
+        window = diagnosis_window(reader, now, ongoing_s=ONGOING_S, requests_from=mark)
+        assert window is not None
+        result = run_diagnosis(reader, since=window[0], until=window[1], requests_from=mark)
+        store_findings(s, result.findings, window=(result.since, result.until))
+        active = {f.rule for f in result.findings if f.end_ts >= window[1] - ONGOING_S}
+        return result.window, active
+
+
+@pytest.fixture
+def pruned() -> Iterator[PrunedTicks]:
+    ticks = PrunedTicks(keep=600)  # ten minutes of requests, less than the 15-minute window
+    yield ticks
+    ticks.store.close()
+
+
+def test_a_store_keeping_fewer_minutes_of_requests_than_the_window_finds_the_incident(
+    pruned: PrunedTicks,
+) -> None:
+    """At a high rate retention keeps fewer minutes of requests than the window and its hour
+    of baseline: the window and baseline start where the requests kept do, not where the
+    samples do (whose baseline would hold no request, and the request rules see nothing)."""
+    pruned.tick(INCIDENT - 60)
+    window, active = pruned.tick(INCIDENT + 300)
+    assert "queue_saturation" in active, window
+    assert pruned.requests_from is not None
+    assert window["requests_from"] == iso(pruned.requests_from)
+    assert parse_time(window["baseline"]["since"]) >= pruned.requests_from
+
+
+def test_without_the_mark_of_what_retention_deleted_the_request_rules_go_blind(
+    pruned: PrunedTicks,
+) -> None:
+    """What the mark prevents (a guard: the store above is one that blinds them)."""
+    pruned.tick(INCIDENT - 60)
+    window, active = pruned.tick(INCIDENT + 300, with_mark=False)
+    assert "queue_saturation" not in active
+    assert "requests_from" not in window
+
+
+def test_a_window_kept_requests_cover_whole_has_its_baseline_in_their_history() -> None:
+    """With more than a window of requests kept, the baseline is the history before the
+    window, from the oldest whole request on."""
+    ticks = PrunedTicks(keep=1800)  # half an hour of requests
+    try:
+        ticks.tick(INCIDENT - 60)
+        window, active = ticks.tick(INCIDENT + 300)
+    finally:
+        ticks.store.close()
+    assert "queue_saturation" in active
+    assert window["baseline"]["from"] == "history"
+    assert ticks.requests_from is not None
+    assert parse_time(window["baseline"]["since"]) >= ticks.requests_from

@@ -3,16 +3,31 @@ its periodic retention, counted in ``slokit_requests_pruned_total``."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-from sidecar_harness import Running, StartSidecar, post, relabel, request_ids, wait_for
+from click.testing import CliRunner
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from sidecar_harness import (
+    Running,
+    StartSidecar,
+    TargetServer,
+    post,
+    relabel,
+    request_ids,
+    store_rows,
+    wait_for,
+)
 
+from slokit.cli import main
 from slokit.sidecar import runner
 from slokit.sidecar.config import SidecarConfig
+from slokit.sources.otlp import decode_traces
 from slokit.store.db import open_store
+from slokit.timeutil import parse_time
 
 
 def test_the_oldest_requests_past_retention_requests_are_deleted(
@@ -53,6 +68,74 @@ def test_a_lake_that_cannot_write_holds_back_no_more_than_lake_hold_requests(
     assert not set(batches[0][1]) & stored
     unwritten = {"state": "unwritten"}
     assert sc.value("slokit_requests_pruned_before_lake_total", **unwritten) == 420
+
+
+def _moved(body: bytes, to_s: float) -> bytes:
+    """The export with its spans moved in time, the earliest to start at ``to_s``."""
+    msg = ExportTraceServiceRequest()
+    msg.ParseFromString(body)
+    spans = [sp for rs in msg.resource_spans for ss in rs.scope_spans for sp in ss.spans]
+    delta = int(to_s * 1e9) - min(sp.start_time_unix_nano for sp in spans)
+    for sp in spans:
+        sp.start_time_unix_nano += delta
+        sp.end_time_unix_nano += delta
+        for event in sp.events:
+            event.time_unix_nano += delta
+    return msg.SerializeToString()
+
+
+def test_a_diagnosis_starts_where_the_requests_retention_kept_begin(
+    start_sidecar: StartSidecar, export_body: bytes, target: TargetServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Retention deletes the oldest requests while the engine samples before them stay:
+    ``/api/diagnose`` starts its window and baseline at the newest arrival it deleted (a
+    baseline of samples without their requests would blind the request rules), and says so."""
+    monkeypatch.setattr(runner, "RETENTION_INTERVAL_S", 0.05)
+    sc = start_sidecar(retention_requests=1000, vllm_urls=(target.url,), scrape_interval_s=0.2)
+    samples = "SELECT count(*) FROM engine_samples"
+    wait_for(lambda: store_rows(sc, samples)[0][0] >= 2, what="engine samples")
+    t0 = time.time()  # batch i arrives at t0 + i, after the first samples
+    for i in range(20):  # 20 x 64 requests: the first 280 (batches 0-3, 24 of batch 4) go
+        body, _ = relabel(_moved(export_body, t0 + i), f"b{i:02d}")
+        assert post(sc.otlp, body).status_code == 200
+        sc.committed()  # one commit per export: the batches are first seen in order
+    wait_for(lambda: sc.value("slokit_requests_pruned_total") >= 280, timeout=60, what="retention")
+    window = httpx.get(f"{sc.api}/api/diagnose", timeout=60).json()["window"]
+    kept_from = parse_time(window["requests_from"])
+    assert t0 + 4 <= kept_from < t0 + 4.01, (window, t0)  # batch 4's arrivals
+    assert parse_time(window["since"]) == kept_from
+    assert parse_time(window["baseline"]["since"]) >= kept_from
+    oldest_sample = store_rows(sc, "SELECT epoch(min(ts)) FROM engine_samples")[0][0]
+    assert oldest_sample < t0  # the samples before it are still held
+    # `slokit diagnose --sidecar` (and --db of a running sidecar's file) asks it the same
+    res = CliRunner().invoke(main, ["diagnose", "--sidecar", sc.api, "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["window"]["requests_from"] == window["requests_from"]
+
+
+def test_a_sidecar_restarted_on_a_store_at_its_bound_diagnoses_from_its_oldest_request(
+    start_sidecar: StartSidecar, export_body: bytes, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """A store already holding ``retention_requests`` was pruned by an earlier run: its
+    requests are whole from the oldest it holds, before the first retention tick says so."""
+    db = tmp_path / "full.duckdb"
+    t0 = time.time() - 600
+    with open_store(db) as store:
+        store.con.execute(  # the engine samples of the ten minutes before
+            "INSERT INTO engine_samples (ts, replica, model) VALUES (to_timestamp(?), 'p', 'm')",
+            [t0 - 600],
+        )
+        for i in range(16):  # 16 x 64 requests: over the bound of 1,000
+            body, _ = relabel(_moved(export_body, t0 + i), f"b{i:02d}")
+            store.append_fragments(decode_traces(body).fragments)
+        oldest = store.con.execute("SELECT epoch(min(arrival_ts)) FROM requests").fetchall()
+    monkeypatch.setattr(runner, "RETENTION_INTERVAL_S", 3600.0)  # no tick during the test
+    sc = start_sidecar(db=db, retention_requests=1000)
+    window = httpx.get(f"{sc.api}/api/diagnose", timeout=60).json()["window"]
+    assert parse_time(window["requests_from"]) == pytest.approx(oldest[0][0], abs=1e-3)
+    assert parse_time(window["since"]) >= oldest[0][0] - 1e-3
 
 
 def test_explaining_a_request_it_no_longer_holds_says_where_it_went(

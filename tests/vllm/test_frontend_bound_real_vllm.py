@@ -255,6 +255,27 @@ class Run:
     starved: dict[str, RequestFragment]  # request id -> vLLM's fragment, starved phase
     starve: StopDutyCycle
     clients: dict[str, RequestFragment]  # request id -> the client's fragment
+    phases: dict[str, Any]  # what each phase went through (:func:`_phases`), for failures
+
+
+def _p95(values: list[float]) -> float | None:
+    return sorted(values)[int(0.95 * (len(values) - 1))] if values else None
+
+
+def _phases(run: str, vllm: list[RequestFragment], starve: StopDutyCycle) -> dict[str, Any]:
+    """Per phase, vLLM's TTFT p95 and the requests' count; and the share of the starved
+    phase the API server was stopped (the stopper wakes late on a busy machine, and the
+    server then runs longer than the duty cycle's 10%)."""
+    out: dict[str, Any] = {}
+    for i, name in enumerate(("healthy", "starved")):
+        ttfts = [fr.ttft_s for fr in vllm if fr.request_id.startswith(f"{run}p{i}-")
+                 and fr.ttft_s is not None]  # fmt: skip
+        out[name] = {"n": len(ttfts), "ttft_p95_s": _p95(ttfts)}
+    if starve.intervals:
+        spent = starve.intervals[-1][1] - starve.intervals[0][0]
+        stopped = sum(b - a for a, b in starve.intervals)
+        out["stopped_share"] = round(stopped / spent, 3) if spent > 0 else None
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -278,7 +299,10 @@ def run(
     starved = {fr.request_id: fr for fr in vllm if fr.request_id.startswith(f"{driven.run}p1-")}
     # --save: explain links the stored findings that overlap a request
     diagnosis = _cli("diagnose", "--save", "--db", str(db))
-    return Run(db, diagnosis, starved, driven.starve, {fr.request_id: fr for fr in client})
+    clients = {fr.request_id: fr for fr in client}
+    return Run(
+        db, diagnosis, starved, driven.starve, clients, _phases(driven.run, vllm, driven.starve)
+    )
 
 
 def test_only_the_api_server_was_stopped(run: Run) -> None:
@@ -290,7 +314,7 @@ def test_only_the_api_server_was_stopped(run: Run) -> None:
 def test_diagnose_reports_frontend_bound(run: Run) -> None:
     doc = run.diagnosis
     found = {f["rule"] for f in doc["findings"]}
-    dump = json.dumps([doc["coverage"]["rules"], doc["findings"]], indent=1)[:8000]
+    dump = json.dumps([run.phases, doc["coverage"]["rules"], doc["findings"]], indent=1)[:8000]
     assert "frontend_bound" in found, dump
     assert not found & RULED_OUT, dump
     finding = next(f for f in doc["findings"] if f["rule"] == "frontend_bound")

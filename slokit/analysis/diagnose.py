@@ -104,8 +104,11 @@ def run_diagnosis(
         raise NotFound("the store holds no requests, engine or GPU samples")
     # (a window that ends before it is read as it is: the time series are whole there)
     clamped = False
-    reaches = requests_from is not None and (until is None or until > requests_from)
-    if requests_from is not None and reaches and lo < requests_from < hi:
+    if (
+        requests_from is not None
+        and lo < requests_from < hi
+        and (hi if until is None else until) > requests_from
+    ):
         lo, clamped = requests_from, True
     if since is not None and until is not None and until <= since:
         raise BadInput(f"empty window: since {iso(since)} is not before until {iso(until)}")

@@ -5,11 +5,12 @@ sidecar's findings tick does."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from diag_synth import T0, engine, gpu, requests
 
-from slokit.analysis.diagnose import run_diagnosis, store_findings
+from slokit.analysis.diagnose import Diagnosis, run_diagnosis, store_findings
 from slokit.records import EngineSample, GpuSample, RequestFragment
 from slokit.sidecar.findings_window import FINDINGS_WINDOW_S, FUTURE_SLACK_S, diagnosis_window
 from slokit.store.db import Store, open_store
@@ -38,6 +39,22 @@ def telemetry() -> tuple[list[RequestFragment], list[EngineSample], list[GpuSamp
     )
 
 
+def findings_tick(
+    store: Store, now: float, **window_kw: Any
+) -> tuple[float | None, Diagnosis, set[str]]:
+    """The sidecar's findings tick at ``now``: diagnose the window :func:`diagnosis_window`
+    picks, store the findings; the start it picked, the diagnosis, and the rules whose
+    findings are active (ended within ONGOING_S of the window's end)."""
+    reader = store.reader()
+    window = diagnosis_window(reader, now, ongoing_s=ONGOING_S, **window_kw)
+    assert window is not None
+    mark = window_kw.get("requests_from")
+    result = run_diagnosis(reader, since=window[0], until=window[1], requests_from=mark)
+    store_findings(store, result.findings, window=(result.since, result.until))
+    active = {f.rule for f in result.findings if f.end_ts >= window[1] - ONGOING_S}
+    return window[0], result, active
+
+
 class Ticks:
     """The sidecar's store as time passes: what had arrived by ``now``, then a findings tick."""
 
@@ -56,14 +73,7 @@ class Ticks:
         s.append_engine_samples([x for x in self.samples if lo < x.ts <= now])
         s.append_gpu_samples([x for x in self.gpu if lo < x.ts <= now])
         self.upto = now
-        reader = s.reader()
-        kw = {} if hold_s is None else {"hold_s": hold_s}
-        window = diagnosis_window(reader, now, ongoing_s=ONGOING_S, **kw)
-        assert window is not None
-        since, until = window
-        result = run_diagnosis(reader, since=since, until=until)
-        store_findings(s, result.findings, window=(result.since, result.until))
-        active = {f.rule for f in result.findings if f.end_ts >= until - ONGOING_S}
+        since, _, active = findings_tick(s, now, **({} if hold_s is None else {"hold_s": hold_s}))
         return since, active
 
 
@@ -169,13 +179,9 @@ class PrunedTicks:
         pruned = prune_requests(s, now=now, max_requests=self.keep)
         if pruned.whole_from is not None:
             self.requests_from = max(pruned.whole_from, self.requests_from or 0.0)
-        mark = self.requests_from if with_mark else None
-        reader = s.reader()
-        window = diagnosis_window(reader, now, ongoing_s=ONGOING_S, requests_from=mark)
-        assert window is not None
-        result = run_diagnosis(reader, since=window[0], until=window[1], requests_from=mark)
-        store_findings(s, result.findings, window=(result.since, result.until))
-        active = {f.rule for f in result.findings if f.end_ts >= window[1] - ONGOING_S}
+        _, result, active = findings_tick(
+            s, now, requests_from=self.requests_from if with_mark else None
+        )
         return result.window, active
 
 

@@ -132,8 +132,6 @@ def stored_request_ids(store: Store) -> set[str]:
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:
-    import time
-
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:
@@ -146,8 +144,6 @@ def wait_for_progress(
 ) -> None:
     """Wait until ``value()`` reaches ``target``; give up only once it has not moved for
     ``stall_s`` (a busy machine slows the sidecar, it does not stop it)."""
-    import time
-
     last, moved = value(), time.monotonic()
     while (now := value()) < target:
         if now != last:

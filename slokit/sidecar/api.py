@@ -45,6 +45,7 @@ from slokit.store.db import Store
 from slokit.store.reader import LocalReader
 from slokit.store.remote import decode_page_key, encode_page_key
 from slokit.store.window import resolve_window
+from slokit.timeutil import iso
 
 log = logging.getLogger("slokit.sidecar.api")
 
@@ -191,6 +192,16 @@ class Api:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
+    def _gone(self, exc: NotFound) -> dict[str, Any]:
+        """Explain's 404 where retention deletes requests: what the store keeps, and whether
+        it has deleted any (if not, the request never reached it)."""
+        hint, mark = self.not_found_hint, self.requests_from()
+        if mark is None:
+            gone = "it has recorded no deletion: the request never reached it"
+            return {"error": f"{exc}; {hint}; {gone}", "retention": hint}
+        gone = f"it deleted those that arrived up to {iso(mark)}: one that arrived later never reached it"
+        return {"error": f"{exc}; {hint}; {gone}", "retention": hint, "requests_from": iso(mark)}
+
     # -- handlers ------------------------------------------------------------------------
     async def metrics_handler(self, request: web.Request) -> web.Response:
         self.metrics.ingest_lag.set(self.writer.lag_s())
@@ -238,8 +249,7 @@ class Api:
         except NotFound as exc:
             if not self.not_found_hint:
                 return _error(404, str(exc))
-            body = {"error": f"{exc}; {self.not_found_hint}", "retention": self.not_found_hint}
-            return web.json_response(body, status=404)
+            return web.json_response(self._gone(exc), status=404)
         except BadInput as exc:
             return _error(400, str(exc))
         return _json(doc)

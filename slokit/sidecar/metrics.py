@@ -99,6 +99,12 @@ class SidecarMetrics:
             "settled them; state: unwritten (their minute not in the lake) or revisited (in "
             "the lake as first written, without later changes).", ["state"], registry=r,
         )  # fmt: skip
+        self.requests_whole_from = Gauge(
+            "slokit_requests_whole_from_timestamp_seconds",
+            "The store's requests are whole from this arrival on (epoch seconds): the newest "
+            "that retention deleted; the diagnoses start no earlier. 0: none deleted.",
+            registry=r,
+        )
         self.rows_pruned = Counter(
             "slokit_rows_pruned_total",
             "Rows of the store's time series (samples, scrapes, findings) deleted by retention "

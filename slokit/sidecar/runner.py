@@ -51,7 +51,13 @@ from slokit.store.db import Store, open_store
 from slokit.store.faults import inspect_wal
 from slokit.store.lake_export import TABLES as LAKE_TABLES
 from slokit.store.lake_export import ParquetExporter
-from slokit.store.retention import prune_past_hold, prune_requests, prune_samples, skip_vacuum
+from slokit.store.retention import (
+    prune_past_hold,
+    prune_requests,
+    prune_samples,
+    requests_whole_from,
+    skip_vacuum,
+)
 from slokit.store.usage import read_usage
 
 log = logging.getLogger("slokit.sidecar")
@@ -326,9 +332,8 @@ class Sidecar:
         exporter = ParquetExporter(cfg.parquet_dir, writer=cfg.replica) if cfg.parquet_dir else None
         if exporter is not None:
             self._periodic("parquet", 10.0, exporter.export_closed_minutes)
+        await asyncio.to_thread(self._on_cursor, store, self._requests_kept_from)
         if cfg.retention_requests or cfg.retention_s:
-            if cfg.retention_requests:
-                await asyncio.to_thread(self._on_cursor, store, self._requests_kept_from)
             self._periodic("retention", RETENTION_INTERVAL_S, lambda _: self._prune(exporter))
         if cfg.db != ":memory:":
             host = split_host_port(cfg.listen)[0]
@@ -469,10 +474,17 @@ class Sidecar:
         """Retention deleted requests that arrived up to ``arrival``."""
         if arrival is not None:
             self._requests_from = max(arrival, self._requests_from or arrival)
+            self.metrics.requests_whole_from.set(self._requests_from)
 
     def _requests_kept_from(self, con: Any) -> None:
-        """At start: a store already at ``retention_requests`` had its older requests
-        deleted by an earlier run; they are whole from its oldest arrival on."""
+        """At start: where an earlier run's retention left the store's requests whole, as
+        the file keeps it (schema 11). A file pruned before it kept none: one already at
+        ``retention_requests`` had its older requests deleted; they are whole from its oldest
+        arrival on."""
+        stored = requests_whole_from(con)
+        if stored is not None:
+            self._deleted_through(stored)
+            return
         bound = self.config.retention_requests
         sql = "SELECT count(*), epoch(min(arrival_ts)) FROM requests"
         n, oldest = con.execute(sql).fetchall()[0]

@@ -346,6 +346,22 @@ ALTER TABLE request_fragments_v10 RENAME TO request_fragments;
 CREATE INDEX request_fragments_request_id ON request_fragments (request_id);
 """,
     ),
+    Migration(
+        11,
+        "store marks",
+        # What the store knows of itself that its rows cannot say once deleted: by name, a
+        # time. ``requests_whole_from`` (slokit.store.retention): the requests kept are whole
+        # from this arrival on, retention having deleted older ones (the engine and GPU
+        # samples go back further). Written in the transaction that deletes them, so a
+        # sidecar restarted on the file, or ``slokit diagnose --db`` of a stopped one's, reads
+        # what the running sidecar knew.
+        """
+CREATE TABLE store_marks (
+    name VARCHAR PRIMARY KEY,
+    ts TIMESTAMPTZ NOT NULL
+);
+""",
+    ),
 )
 
 #: Columns of ``requests`` that are the local store's bookkeeping (the SLI's, schema 7): the

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from slokit.store import frames, gaps, queries
 from slokit.store.queries import PageKey
+from slokit.store.retention import requests_whole_from
 
 if TYPE_CHECKING:  # pandas and duckdb are imported by the modules that run the queries
     import duckdb
@@ -170,13 +171,24 @@ class LocalReader:
     basis: Literal["records", "histograms"] = "records"
 
     def __init__(
-        self, con: duckdb.DuckDBPyConnection, *, requests_from: float | None = None
+        self,
+        con: duckdb.DuckDBPyConnection,
+        *,
+        requests_from: float | Literal["stored"] | None = "stored",
     ) -> None:
         """``requests_from``: the store's requests are whole from this arrival on (a
         sidecar's retention deleted older ones while its samples go back further); a
-        diagnosis starts no earlier (:func:`slokit.analysis.diagnose.run_diagnosis`)."""
+        diagnosis starts no earlier (:func:`slokit.analysis.diagnose.run_diagnosis`).
+        ``"stored"`` (the default): what the file says, read at each use
+        (:func:`slokit.store.retention.requests_whole_from`); None: none."""
         self.con = con
-        self.requests_from = requests_from
+        self._requests_from = requests_from
+
+    @property
+    def requests_from(self) -> float | None:
+        if self._requests_from == "stored":
+            return requests_whole_from(self.con)
+        return self._requests_from
 
     def bounds(self) -> tuple[float | None, float | None]:
         return frames.data_bounds(self.con)

@@ -29,7 +29,10 @@ the minutes up to it, which would otherwise be written again without the deleted
 Both say from which arrival on the requests kept are whole (``whole_from``): the newest
 arrival they deleted, leaving out arrivals a sender's clock stamped ahead of the store's. A
 diagnosis of the store starts no earlier (the engine and GPU samples go back further, by age
-alone: a baseline of samples whose requests are gone would blind the request rules).
+alone: a baseline of samples whose requests are gone would blind the request rules). The
+store keeps it too (``store_marks``, schema 11), raised in the transaction that deletes the
+requests, never lowered: :func:`requests_whole_from` reads it, so a sidecar restarted on the
+file and ``slokit diagnose --db`` of a stopped sidecar's know it as the running one did.
 
 :func:`prune_samples` deletes, by age alone, the rows of the store's time series (engine, GPU
 and router samples, scrapes, findings, rejection and unjoined-span counts) dated before
@@ -59,6 +62,7 @@ __all__ = [
     "prune_past_hold",
     "prune_requests",
     "prune_samples",
+    "requests_whole_from",
     "skip_vacuum",
 ]
 
@@ -84,6 +88,13 @@ ARRIVAL_SLACK_S = 60.0
 #: before it may be gone, so the store's requests are whole only from then on (a diagnosis
 #: whose baseline reached further back would compare with too few).
 _WHOLE_FROM = f"max(a) FILTER (WHERE a <= f + {ARRIVAL_SLACK_S})"
+#: The ``store_marks`` row that keeps ``whole_from``.
+WHOLE_FROM_MARK = "requests_whole_from"
+#: Raise the stored ``whole_from`` to ``?`` (epoch seconds), never lower it.
+_KEEP_WHOLE_FROM = (
+    "INSERT INTO store_marks VALUES (?, to_timestamp(?)) "
+    "ON CONFLICT (name) DO UPDATE SET ts = greatest(store_marks.ts, excluded.ts)"
+)
 #: Requests deleted per transaction, the writer getting the store between them. From a store
 #: of 150,000 a chunk costs about 14 µs of CPU per request: choosing them 5, the deletes 3,
 #: taking their keys out of the indexes at commit 5 (37 before schema 8 stored the ids
@@ -186,6 +197,7 @@ def _prune_chunk(
         # execute here, not in a helper: DuckDB finds slokit_gone among the caller's locals
         fragments = con.execute(f"DELETE FROM request_fragments WHERE {gone}").fetchall()[0][0]
         requests = con.execute(f"DELETE FROM requests WHERE {gone}").fetchall()[0][0]
+        _keep_whole_from(con, last)
     if store._rows_estimate is not None:
         store._rows_estimate = max(0, store._rows_estimate - fragments)
     return int(requests), int(fragments), None if last is None else float(last)
@@ -214,6 +226,7 @@ def prune_past_hold(store: Store, *, max_requests: int, written_before: float) -
             gone = "request_id IN (SELECT request_id FROM slokit_gone)"
             n_frag = con.execute(f"DELETE FROM request_fragments WHERE {gone}").fetchall()[0][0]
             n_req = con.execute(f"DELETE FROM requests WHERE {gone}").fetchall()[0][0]
+            _keep_whole_from(con, last_whole)
         requests += int(n_req)
         fragments += int(n_frag)
         unwritten += int(n_new)
@@ -222,6 +235,22 @@ def prune_past_hold(store: Store, *, max_requests: int, written_before: float) -
         if store._rows_estimate is not None:
             store._rows_estimate = max(0, store._rows_estimate - int(n_frag))
     return PrunedPastHold(requests, fragments, unwritten, newest, whole)
+
+
+def _keep_whole_from(con: Any, arrival: float | None) -> None:
+    if arrival is not None:
+        run(con, _KEEP_WHOLE_FROM, [WHOLE_FROM_MARK, float(arrival)])
+
+
+def requests_whole_from(con: Any) -> float | None:
+    """The store's requests are whole from this arrival on (epoch seconds): the newest that
+    retention deleted, as kept in the file. None where none was deleted, or the file is of a
+    schema before 11 (opened read-only, not migrated)."""
+    # asked first, not tried: a failed statement would abort the caller's transaction
+    if not run(con, "SELECT 1 FROM duckdb_tables() WHERE table_name = 'store_marks'"):
+        return None
+    rows = run(con, "SELECT epoch(ts) FROM store_marks WHERE name = ?", [WHOLE_FROM_MARK])
+    return float(rows[0][0]) if rows else None
 
 
 def prune_samples(

@@ -14,6 +14,7 @@ from slokit.analysis.diagnose import Diagnosis, run_diagnosis, store_findings
 from slokit.records import EngineSample, GpuSample, RequestFragment
 from slokit.sidecar.findings_window import FINDINGS_WINDOW_S, FUTURE_SLACK_S, diagnosis_window
 from slokit.store.db import Store, open_store
+from slokit.store.reader import LocalReader
 from slokit.store.retention import prune_requests
 from slokit.timeutil import iso, parse_time
 
@@ -40,16 +41,18 @@ def telemetry() -> tuple[list[RequestFragment], list[EngineSample], list[GpuSamp
 
 
 def findings_tick(
-    store: Store, now: float, **window_kw: Any
+    store: Store, now: float, reader: LocalReader | None = None, **window_kw: Any
 ) -> tuple[float | None, Diagnosis, set[str]]:
     """The sidecar's findings tick at ``now``: diagnose the window :func:`diagnosis_window`
-    picks, store the findings; the start it picked, the diagnosis, and the rules whose
-    findings are active (ended within ONGOING_S of the window's end)."""
-    reader = store.reader()
-    window = diagnosis_window(reader, now, ongoing_s=ONGOING_S, **window_kw)
+    picks (from the reader's ``requests_from`` on: by default what the store keeps), store
+    the findings; the start it picked, the diagnosis, and the rules whose findings are
+    active (ended within ONGOING_S of the window's end)."""
+    reader = reader or store.reader()
+    window = diagnosis_window(
+        reader, now, ongoing_s=ONGOING_S, requests_from=reader.requests_from, **window_kw
+    )
     assert window is not None
-    mark = window_kw.get("requests_from")
-    result = run_diagnosis(reader, since=window[0], until=window[1], requests_from=mark)
+    result = run_diagnosis(reader, since=window[0], until=window[1])
     store_findings(store, result.findings, window=(result.since, result.until))
     active = {f.rule for f in result.findings if f.end_ts >= window[1] - ONGOING_S}
     return window[0], result, active
@@ -158,7 +161,7 @@ class PrunedTicks:
         self.now = T0
         self.store = open_store(":memory:", clock=lambda: self.now)
         self.keep = keep
-        self.requests_from: float | None = None  # as the sidecar's runner tracks it
+        self.requests_from: float | None = None  # the newest whole_from pruning returned
         during = lambda before, then: lambda t: then if t >= INCIDENT else before  # noqa: E731
         # the requests of the last half hour before the incident: enough for the bounds
         self.fragments = requests(start=INCIDENT - 1800, end=END, every_s=1.0,
@@ -179,9 +182,9 @@ class PrunedTicks:
         pruned = prune_requests(s, now=now, max_requests=self.keep)
         if pruned.whole_from is not None:
             self.requests_from = max(pruned.whole_from, self.requests_from or 0.0)
-        _, result, active = findings_tick(
-            s, now, requests_from=self.requests_from if with_mark else None
-        )
+        # the store keeps the mark; without it, a reader told there is none
+        reader = s.reader() if with_mark else LocalReader(s.con, requests_from=None)
+        _, result, active = findings_tick(s, now, reader)
         return result.window, active
 
 

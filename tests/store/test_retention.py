@@ -12,7 +12,8 @@ from slokit.records import RequestFragment
 from slokit.store import retention
 from slokit.store.db import Store, open_store
 from slokit.store.merge import merge_sql
-from slokit.store.retention import prune_past_hold, prune_requests
+from slokit.store.migrations import MIGRATIONS
+from slokit.store.retention import prune_past_hold, prune_requests, requests_whole_from
 
 T0 = 1_795_958_000.0
 
@@ -99,6 +100,51 @@ def test_past_the_hold_it_says_from_which_arrival_the_requests_kept_are_whole(
     _ingest(store, clock, ["kept"], T0 + 2, arrival=T0 + 1)
     gone = prune_past_hold(store, max_requests=1, written_before=T0 - 60)
     assert (gone.whole_from, gone.newest_arrival) == (T0 - 20, T0 + 86_000)
+
+
+def test_the_file_keeps_from_which_arrival_its_requests_are_whole(
+    tmp_path: Path, clock: Clock
+) -> None:
+    """Kept in the file with the delete: a stopped sidecar's file (opened read-only, as
+    ``slokit diagnose --db`` does) and its reader say it."""
+    path = tmp_path / "w.duckdb"
+    with open_store(path, clock=clock) as store:
+        assert requests_whole_from(store.con) is None  # nothing deleted yet
+        for i, arrival in enumerate((-30, -10, 0)):
+            _ingest(store, clock, [f"r{i}"], T0 + i, arrival=T0 + arrival)
+        prune_requests(store, now=T0 + 10, max_requests=1)
+    with open_store(path, read_only=True) as stopped:
+        assert requests_whole_from(stopped.con) == T0 - 10
+        assert stopped.reader().requests_from == T0 - 10
+
+
+def test_the_kept_mark_never_moves_back(store: Store, clock: Clock) -> None:
+    """A later deletion of requests stamped earlier (a sender's clock behind) leaves the
+    requests whole from where the first one said, not from before it."""
+    _ingest(store, clock, ["late"], T0, arrival=T0 - 5)
+    _ingest(store, clock, ["kept1"], T0 + 1, arrival=T0 + 1)
+    assert prune_requests(store, now=T0 + 2, max_requests=1).whole_from == T0 - 5
+    _ingest(store, clock, ["behind"], T0 + 3, arrival=T0 - 600)
+    gone = prune_past_hold(store, max_requests=1, written_before=T0 - 3600)
+    assert gone.whole_from == T0 + 1  # kept1, the oldest first seen
+    _ingest(store, clock, ["behind2"], T0 + 4, arrival=T0 - 900)
+    clock.now = T0 + 100
+    assert prune_requests(store, now=T0 + 100, max_age_s=50).whole_from == T0 - 600
+    assert requests_whole_from(store.con) == T0 + 1
+
+
+def test_a_file_of_a_schema_before_the_mark_has_none(
+    tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "old.duckdb"
+    with monkeypatch.context() as m:
+        m.setattr("slokit.store.db.MIGRATIONS", MIGRATIONS[:10])
+        with open_store(path, clock=clock) as old:
+            _ingest(old, clock, ["r"], T0)
+    with open_store(path, read_only=True) as stopped:  # read as it is, not migrated
+        assert stopped.schema_version() == 10
+        assert requests_whole_from(stopped.con) is None
+        assert stopped.reader().requests_from is None
 
 
 def test_past_the_age_the_first_seen_are_deleted(store: Store, clock: Clock) -> None:

@@ -199,7 +199,7 @@ class Api:
         if mark is None:
             gone = "it has recorded no deletion: the request never reached it"
             return {"error": f"{exc}; {hint}; {gone}", "retention": hint}
-        gone = f"it deleted those that arrived up to {iso(mark)}: one that arrived later never reached it"
+        gone = f"it deleted those that arrived up to {iso(mark)}: a later one never reached it"
         return {"error": f"{exc}; {hint}; {gone}", "retention": hint, "requests_from": iso(mark)}
 
     # -- handlers ------------------------------------------------------------------------

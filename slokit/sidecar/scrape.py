@@ -391,8 +391,14 @@ class Scraper:
 
     async def _loop(self, target: Target) -> None:
         next_at = time.monotonic()
+        task = asyncio.current_task()
         while True:
             outcome = await self.scrape_once(target)
+            if task is not None and task.cancelling():
+                # a stop that arrived as the fetch ended: on 3.11 asyncio.wait_for swallows
+                # it (returning the fetch's outcome), and the loop would scrape on while
+                # stop() waits for it (seen under load: stop() never returned)
+                raise asyncio.CancelledError
             if not outcome.health.up:  # what it left is garbage now, all of it young
                 collect_young()
             self._store(outcome)

@@ -7,6 +7,7 @@ body past ``body_size_limit`` is cut there; both are gaps (``up=false`` with the
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import gzip
 import time
@@ -33,7 +34,7 @@ from sidecar_harness import (
 from slokit.records import ScrapeResult
 from slokit.sidecar.config import Target
 from slokit.sidecar.metrics import SidecarMetrics
-from slokit.sidecar.scrape import MAX_SCRAPE_BYTES, MAX_SCRAPE_SAMPLES, Scraper
+from slokit.sidecar.scrape import MAX_SCRAPE_BYTES, MAX_SCRAPE_SAMPLES, ScrapeFailed, Scraper
 from slokit.sidecar.writer import Writer
 from slokit.store.db import open_store
 
@@ -250,6 +251,44 @@ def test_scrapes_refused_every_tick_leave_no_cycles_piling_up(
         gc.enable()
         store.close()
     assert left <= 2, f"{left} responses of refused scrapes still in memory"
+
+
+def test_a_scrape_loop_stops_when_the_stop_arrives_as_its_fetch_ends(tmp_path: Path) -> None:
+    """The stop's cancellation lands between a fetch's end and the loop's next step (likelier
+    the busier the event loop): it ends the loop, not one scrape. ``asyncio.wait_for`` on 3.11
+    swallows it (returning the fetch's outcome): the loop scraped on while ``stop()`` waited
+    for it. Driven step by step: each fetch asks for the cancellation as it ends."""
+    store = open_store(tmp_path / "scrape.duckdb")
+    metrics = SidecarMetrics(CollectorRegistry())
+    target = Target("http://127.0.0.1:9/metrics", "vllm", "pod-a")
+    scraper = Scraper([target], Writer(store, metrics=metrics), metrics, interval_s=0.01)
+    fetches = 0
+
+    async def run() -> asyncio.Task[None]:
+        loop_task: asyncio.Task[None] | None = None
+
+        async def fetch(_: Target) -> bytes:
+            nonlocal fetches
+            fetches += 1
+            assert loop_task is not None
+            asyncio.get_running_loop().call_soon(loop_task.cancel)  # the stop, as it ends
+            raise ScrapeFailed("down", "refused")
+
+        scraper._fetch = fetch  # type: ignore[method-assign]
+        loop_task = asyncio.create_task(scraper._loop(target))
+        while not loop_task.done() and fetches < 5:  # bounded by fetches, not by time
+            await asyncio.sleep(0.01)
+        loop_task.cancel()  # were it still running
+        await asyncio.gather(loop_task, return_exceptions=True)
+        await scraper._client.aclose()
+        return loop_task
+
+    try:
+        task = asyncio.run(run())
+    finally:
+        store.close()
+    assert task.cancelled()
+    assert fetches == 1, f"the loop scraped {fetches} times after its stop"
 
 
 def test_an_endless_body_is_read_no_further_than_the_limit(

@@ -116,6 +116,12 @@ def huge() -> bytes:
 
 
 # -- one scrape, against each kind of hostile body ---------------------------------------------
+#: The one scrape's timeout: a hang guard, not a bound. A limit cuts the body long before on a
+#: quiet machine, but reading 16 MiB under tracemalloc beside two busy processes took over
+#: 5 s (the timeout here before), and the scrape failed as a timeout instead of at its limit.
+SCRAPE_GUARD_S = 120.0
+
+
 def _scrape(
     tmp_path: Path,
     t: Target_,
@@ -125,7 +131,7 @@ def _scrape(
 ) -> ScrapeResult:
     store = open_store(tmp_path / "scrape.duckdb")
     metrics = SidecarMetrics(CollectorRegistry())
-    scraper = Scraper([], Writer(store, metrics=metrics), metrics, timeout_s=5.0,
+    scraper = Scraper([], Writer(store, metrics=metrics), metrics, timeout_s=SCRAPE_GUARD_S,
                       sample_limit=sample_limit, body_limit_bytes=body_limit_bytes)  # fmt: skip
     target = Target(t.url, "vllm", "pod-a")
 
@@ -136,7 +142,7 @@ def _scrape(
             await scraper.stop()
 
     try:
-        health: ScrapeResult = t.lt.call(once())
+        health: ScrapeResult = t.lt.call(once(), timeout=SCRAPE_GUARD_S + 30)
         return health
     finally:
         store.close()
@@ -178,12 +184,10 @@ def test_a_hostile_body_fails_the_scrape_whole_with_its_reason(
     limits: dict[str, int], reason: str,
 ) -> None:  # fmt: skip
     metrics_target.handler = make(metrics_target)
-    t = time.perf_counter()
     health = _scrape(tmp_path, metrics_target, **limits)
-    took = time.perf_counter() - t
     assert not health.up
+    # cut at the limit: a body read on to the guard would fail as a timeout
     assert health.error is not None and health.error.startswith(f"{reason}:"), health.error
-    assert took < 5.0, "cut at the limit, not by the timeout"
 
 
 @pytest.mark.parametrize(
@@ -207,7 +211,7 @@ def test_a_scrape_refused_at_the_limit_keeps_none_of_its_body(
     finally:
         tracemalloc.stop()
         gc.enable()
-    assert health.error is not None and health.error.startswith("body_size_limit")
+    assert health.error is not None and health.error.startswith("body_size_limit"), health.error
     assert held < limit // 4, f"{held / 2**20:.1f} MiB still held after the scrape"
 
 

@@ -44,6 +44,7 @@ from slokit.sidecar.writer import Writer
 from slokit.store.db import Store
 from slokit.store.reader import LocalReader
 from slokit.store.remote import decode_page_key, encode_page_key
+from slokit.store.retention import requests_whole_from
 from slokit.store.window import resolve_window
 from slokit.timeutil import iso
 
@@ -132,13 +133,9 @@ class Api:
         ack_timeout_s: float = 30.0,
         not_found_hint: str | None = None,
         threads: int = 0,
-        requests_from: Callable[[], float | None] | None = None,
     ) -> None:
         """``threads``: the API's own threads for its reads (0: the event loop's default
-        executor, shared with the receivers' decoding and the scrapes' parsing);
-        ``requests_from``: where the store's requests are whole from (retention deleted the
-        older ones; None: all are), read at each diagnosis."""
-        self.requests_from = requests_from or (lambda: None)
+        executor, shared with the receivers' decoding and the scrapes' parsing)."""
         #: Appended to explain's 404: where a request this store no longer holds went.
         self.not_found_hint = not_found_hint
         self.store = store
@@ -192,10 +189,11 @@ class Api:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _gone(self, exc: NotFound) -> dict[str, Any]:
+    def _gone(self, exc: NotFound, mark: float | None) -> dict[str, Any]:
         """Explain's 404 where retention deletes requests: what the store keeps, and whether
-        it has deleted any (if not, the request never reached it)."""
-        hint, mark = self.not_found_hint, self.requests_from()
+        it has deleted any (``mark``: the file's ``requests_whole_from``; None: it has not,
+        and the request never reached it)."""
+        hint = self.not_found_hint
         if mark is None:
             gone = "it has recorded no deletion: the request never reached it"
             return {"error": f"{exc}; {hint}; {gone}", "retention": hint}
@@ -249,7 +247,8 @@ class Api:
         except NotFound as exc:
             if not self.not_found_hint:
                 return _error(404, str(exc))
-            return web.json_response(self._gone(exc), status=404)
+            mark = await self._read(requests_whole_from)
+            return web.json_response(self._gone(exc, mark), status=404)
         except BadInput as exc:
             return _error(400, str(exc))
         return _json(doc)
@@ -258,7 +257,7 @@ class Api:
         since_raw, until_raw = request.query.get("since"), request.query.get("until")
 
         def run(con: Any) -> Any:
-            reader = LocalReader(con, requests_from=self.requests_from())
+            reader = LocalReader(con)  # from where the file's requests are whole
             return slokit.diagnose(reader, since_raw, until_raw).to_dict()
 
         try:

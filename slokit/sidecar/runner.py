@@ -55,6 +55,7 @@ from slokit.store.retention import (
     prune_past_hold,
     prune_requests,
     prune_samples,
+    raise_whole_from,
     requests_whole_from,
     skip_vacuum,
 )
@@ -209,9 +210,6 @@ class Sidecar:
         self._journal: Journal | None = None
         self._started = False
         self._discovery = False
-        #: The store's requests are whole from this arrival on: retention deleted older ones
-        #: (None: none deleted). The diagnoses start no earlier (findings_window).
-        self._requests_from: float | None = None
         self.store: Store | None = None
         self.writer: Writer | None = None
         self.sli: SliAccountant | None = None
@@ -279,7 +277,7 @@ class Sidecar:
 
         api = Api(store, writer, self.metrics, spec=spec, ready=lambda: self._started,
                   ack_timeout_s=cfg.ack_timeout_s, not_found_hint=retention_hint(cfg),
-                  threads=cfg.api_threads, requests_from=lambda: self._requests_from)  # fmt: skip
+                  threads=cfg.api_threads)  # fmt: skip
         self._stoppables.append(api.close)
         # Each listener's own connection cap, within what the open-file limit allows.
         caps = fit_caps({"api": cfg.api_max_connections,
@@ -332,9 +330,9 @@ class Sidecar:
         exporter = ParquetExporter(cfg.parquet_dir, writer=cfg.replica) if cfg.parquet_dir else None
         if exporter is not None:
             self._periodic("parquet", 10.0, exporter.export_closed_minutes)
-        await asyncio.to_thread(self._on_cursor, store, self._requests_kept_from)
+        await asyncio.to_thread(self._on_cursor, store, self._whole_from_at_start)
         if cfg.retention_requests or cfg.retention_s:
-            self._periodic("retention", RETENTION_INTERVAL_S, lambda _: self._prune(exporter))
+            self._periodic("retention", RETENTION_INTERVAL_S, lambda c: self._prune(c, exporter))
         if cfg.db != ":memory:":
             host = split_host_port(cfg.listen)[0]
             host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
@@ -440,7 +438,7 @@ class Sidecar:
         assert self.sli is not None
         self.sli.tick(con)
 
-    def _prune(self, lake: ParquetExporter | None) -> None:
+    def _prune(self, con: Any, lake: ParquetExporter | None) -> None:
         """Delete the requests past the retention bounds and the time series' rows older
         than ``retention_s`` (slokit.store.retention); with a lake, only what it has written
         and no longer revisits."""
@@ -457,39 +455,37 @@ class Sidecar:
             max_requests=cfg.retention_requests or None,
             keep_arrivals_from=keep.get("requests"),
         )
-        self._deleted_through(pruned.whole_from)
         if pruned.requests:
             self.metrics.requests_pruned.inc(pruned.requests)
             log.debug("retention: deleted %d requests (%d fragments)", pruned.requests,
                       pruned.fragments)  # fmt: skip
         if lake is not None and cfg.retention_requests:
             self._prune_past_hold(store, lake, cfg.retention_requests + cfg.lake_hold_requests)
+        self._export_whole_from(con)
         if not cfg.retention_s:
             return
         rows = prune_samples(store, now=now, max_age_s=cfg.retention_s, keep_from=keep)
         for table, n in rows.items():
             self.metrics.rows_pruned.labels(table=table).inc(n)
 
-    def _deleted_through(self, arrival: float | None) -> None:
-        """Retention deleted requests that arrived up to ``arrival``."""
-        if arrival is not None:
-            self._requests_from = max(arrival, self._requests_from or arrival)
-            self.metrics.requests_whole_from.set(self._requests_from)
+    def _export_whole_from(self, con: Any) -> None:
+        """The gauge of where the store's requests are whole from, as the file keeps it
+        (retention raises it in the transaction that deletes them)."""
+        mark = requests_whole_from(con)
+        if mark is not None:
+            self.metrics.requests_whole_from.set(mark)
 
-    def _requests_kept_from(self, con: Any) -> None:
-        """At start: where an earlier run's retention left the store's requests whole, as
-        the file keeps it (schema 11). A file pruned before it kept none: one already at
-        ``retention_requests`` had its older requests deleted; they are whole from its oldest
-        arrival on."""
-        stored = requests_whole_from(con)
-        if stored is not None:
-            self._deleted_through(stored)
-            return
+    def _whole_from_at_start(self, con: Any) -> None:
+        """A file pruned before schema 11 keeps no mark: one already at
+        ``retention_requests`` had its older requests deleted by an earlier run; it is
+        marked whole from its oldest arrival on (the next deletion raises it)."""
         bound = self.config.retention_requests
-        sql = "SELECT count(*), epoch(min(arrival_ts)) FROM requests"
-        n, oldest = con.execute(sql).fetchall()[0]
-        if bound and n >= bound and oldest is not None:
-            self._deleted_through(float(oldest))
+        if bound and requests_whole_from(con) is None:
+            sql = "SELECT count(*), epoch(min(arrival_ts)) FROM requests"
+            n, oldest = con.execute(sql).fetchall()[0]
+            if n >= bound:
+                raise_whole_from(con, oldest)
+        self._export_whole_from(con)
 
     def _prune_past_hold(self, store: Store, lake: ParquetExporter, bound: int) -> None:
         """Keep the store within ``bound`` requests whatever the lake has written (a lake
@@ -504,7 +500,6 @@ class Sidecar:
             )
             if gone.newest_arrival is not None:
                 lake.stop_revisiting("requests", gone.newest_arrival)
-            self._deleted_through(gone.whole_from)
         if not gone.requests:
             return
         self.metrics.requests_pruned.inc(gone.requests)
@@ -534,7 +529,7 @@ class Sidecar:
         from slokit.errors import NotFound
         from slokit.store.reader import LocalReader
 
-        reader = LocalReader(con, requests_from=self._requests_from)
+        reader = LocalReader(con, requests_from=requests_whole_from(con))  # one read a tick
         store = self.store
         if store is None:
             return

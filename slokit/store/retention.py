@@ -62,6 +62,7 @@ __all__ = [
     "prune_past_hold",
     "prune_requests",
     "prune_samples",
+    "raise_whole_from",
     "requests_whole_from",
     "skip_vacuum",
 ]
@@ -89,7 +90,7 @@ ARRIVAL_SLACK_S = 60.0
 #: whose baseline reached further back would compare with too few).
 _WHOLE_FROM = f"max(a) FILTER (WHERE a <= f + {ARRIVAL_SLACK_S})"
 #: The ``store_marks`` row that keeps ``whole_from``.
-WHOLE_FROM_MARK = "requests_whole_from"
+_WHOLE_FROM_MARK = "requests_whole_from"
 #: Raise the stored ``whole_from`` to ``?`` (epoch seconds), never lower it.
 _KEEP_WHOLE_FROM = (
     "INSERT INTO store_marks VALUES (?, to_timestamp(?)) "
@@ -197,7 +198,7 @@ def _prune_chunk(
         # execute here, not in a helper: DuckDB finds slokit_gone among the caller's locals
         fragments = con.execute(f"DELETE FROM request_fragments WHERE {gone}").fetchall()[0][0]
         requests = con.execute(f"DELETE FROM requests WHERE {gone}").fetchall()[0][0]
-        _keep_whole_from(con, last)
+        raise_whole_from(con, last)
     if store._rows_estimate is not None:
         store._rows_estimate = max(0, store._rows_estimate - fragments)
     return int(requests), int(fragments), None if last is None else float(last)
@@ -226,7 +227,7 @@ def prune_past_hold(store: Store, *, max_requests: int, written_before: float) -
             gone = "request_id IN (SELECT request_id FROM slokit_gone)"
             n_frag = con.execute(f"DELETE FROM request_fragments WHERE {gone}").fetchall()[0][0]
             n_req = con.execute(f"DELETE FROM requests WHERE {gone}").fetchall()[0][0]
-            _keep_whole_from(con, last_whole)
+            raise_whole_from(con, last_whole)
         requests += int(n_req)
         fragments += int(n_frag)
         unwritten += int(n_new)
@@ -237,9 +238,11 @@ def prune_past_hold(store: Store, *, max_requests: int, written_before: float) -
     return PrunedPastHold(requests, fragments, unwritten, newest, whole)
 
 
-def _keep_whole_from(con: Any, arrival: float | None) -> None:
+def raise_whole_from(con: Any, arrival: float | None) -> None:
+    """Keep in the file that the store's requests are whole only from ``arrival`` on (epoch
+    seconds; None: nothing to say), unless it already says a later one."""
     if arrival is not None:
-        run(con, _KEEP_WHOLE_FROM, [WHOLE_FROM_MARK, float(arrival)])
+        run(con, _KEEP_WHOLE_FROM, [_WHOLE_FROM_MARK, float(arrival)])
 
 
 def requests_whole_from(con: Any) -> float | None:
@@ -249,7 +252,7 @@ def requests_whole_from(con: Any) -> float | None:
     # asked first, not tried: a failed statement would abort the caller's transaction
     if not run(con, "SELECT 1 FROM duckdb_tables() WHERE table_name = 'store_marks'"):
         return None
-    rows = run(con, "SELECT epoch(ts) FROM store_marks WHERE name = ?", [WHOLE_FROM_MARK])
+    rows = run(con, "SELECT epoch(ts) FROM store_marks WHERE name = ?", [_WHOLE_FROM_MARK])
     return float(rows[0][0]) if rows else None
 
 

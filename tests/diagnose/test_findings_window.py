@@ -48,11 +48,10 @@ def findings_tick(
     the findings; the start it picked, the diagnosis, and the rules whose findings are
     active (ended within ONGOING_S of the window's end)."""
     reader = reader or store.reader()
-    window = diagnosis_window(
-        reader, now, ongoing_s=ONGOING_S, requests_from=reader.requests_from, **window_kw
-    )
+    mark = reader.requests_from  # read once, as the sidecar's tick does
+    window = diagnosis_window(reader, now, ongoing_s=ONGOING_S, requests_from=mark, **window_kw)
     assert window is not None
-    result = run_diagnosis(reader, since=window[0], until=window[1])
+    result = run_diagnosis(reader, since=window[0], until=window[1], requests_from=mark)
     store_findings(store, result.findings, window=(result.since, result.until))
     active = {f.rule for f in result.findings if f.end_ts >= window[1] - ONGOING_S}
     return window[0], result, active

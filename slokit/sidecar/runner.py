@@ -52,7 +52,7 @@ from slokit.store.faults import inspect_wal
 from slokit.store.lake_export import TABLES as LAKE_TABLES
 from slokit.store.lake_export import ParquetExporter
 from slokit.store.retention import (
-    prune_past_hold,
+    prune_past_lake_hold,
     prune_requests,
     prune_samples,
     raise_whole_from,
@@ -491,15 +491,10 @@ class Sidecar:
         """Keep the store within ``bound`` requests whatever the lake has written (a lake
         that cannot write would hold every request): the oldest go, and the lake stops
         revisiting their minutes, which would otherwise be written again without them."""
-        with lake.paused(LAKE_PAUSE_WAIT_S) as paused:
-            if not paused:  # a lake tick still running (a slow bucket): the next round
-                log.debug("retention: the lake's tick is running; the bound waits a round")
-                return
-            gone = prune_past_hold(
-                store, max_requests=bound, written_before=lake.written_before("requests")
-            )
-            if gone.newest_arrival is not None:
-                lake.stop_revisiting("requests", gone.newest_arrival)
+        gone = prune_past_lake_hold(store, lake, max_requests=bound, wait_s=LAKE_PAUSE_WAIT_S)
+        if gone is None:
+            log.debug("retention: the lake's tick is running; the bound waits a round")
+            return
         if not gone.requests:
             return
         self.metrics.requests_pruned.inc(gone.requests)

@@ -23,8 +23,11 @@ minutes it has not written yet, or may still write again).
 full, its bucket unreachable) would otherwise keep every request, and the indexes would grow
 until DuckDB's commits fail; and a healthy lake revisits its minutes for 30 minutes, more
 requests than the bound at a high rate. It says how many of those it deleted arrived in
-minutes the lake had not written, and the newest arrival it deleted (the lake stops revisiting
-the minutes up to it, which would otherwise be written again without the deleted rows).
+minutes the lake had not written, and the newest arrival it deleted in a minute the lake had
+written (the lake stops revisiting the minutes up to it, which would otherwise be written
+again without the deleted rows). A request stamped in a minute not written yet (a sender's
+clock ahead) does not count there: that minute is written with the rows left, and ending the
+revisits up to it would end them for every minute written, where late fragments still land.
 
 Both say from which arrival on the requests kept are whole (``whole_from``): the newest
 arrival they deleted, leaving out arrivals a sender's clock stamped ahead of the store's. A
@@ -52,6 +55,7 @@ from slokit.store.append import run
 
 if TYPE_CHECKING:
     from slokit.store.db import Store
+    from slokit.store.lake_export import ParquetExporter
 
 __all__ = [
     "ARRIVAL_SLACK_S",
@@ -60,6 +64,7 @@ __all__ = [
     "Pruned",
     "PrunedPastHold",
     "prune_past_hold",
+    "prune_past_lake_hold",
     "prune_requests",
     "prune_samples",
     "raise_whole_from",
@@ -116,14 +121,14 @@ class Pruned:
 @dataclass(frozen=True)
 class PrunedPastHold:
     """What one :func:`prune_past_hold` deleted: ``unwritten`` of the ``requests`` arrived at
-    or after ``written_before`` (in minutes the lake had not written); ``newest_arrival`` is
-    the latest arrival among them (epoch seconds; None when none had one); ``whole_from`` as
-    :class:`Pruned`'s."""
+    or after ``written_before`` (in minutes the lake had not written); ``newest_written`` is
+    the latest arrival of the others, those in minutes the lake had written (epoch seconds;
+    None when there were none); ``whole_from`` as :class:`Pruned`'s."""
 
     requests: int = 0
     fragments: int = 0
     unwritten: int = 0
-    newest_arrival: float | None = None
+    newest_written: float | None = None
     whole_from: float | None = None
 
 
@@ -221,8 +226,9 @@ def prune_past_hold(store: Store, *, max_requests: int, written_before: float) -
                 params=[min(excess, PRUNE_CHUNK)],
             ).to_arrow_table()
             n_new, last, last_whole = con.execute(
-                f"SELECT count(*) FILTER (WHERE a >= ?), max(a), {_WHOLE_FROM} FROM slokit_gone",
-                [written_before],
+                "SELECT count(*) FILTER (WHERE a >= $w), max(a) FILTER (WHERE a < $w), "
+                f"{_WHOLE_FROM} FROM slokit_gone",
+                {"w": written_before},
             ).fetchall()[0]
             gone = "request_id IN (SELECT request_id FROM slokit_gone)"
             n_frag = con.execute(f"DELETE FROM request_fragments WHERE {gone}").fetchall()[0][0]
@@ -236,6 +242,24 @@ def prune_past_hold(store: Store, *, max_requests: int, written_before: float) -
         if store._rows_estimate is not None:
             store._rows_estimate = max(0, store._rows_estimate - int(n_frag))
     return PrunedPastHold(requests, fragments, unwritten, newest, whole)
+
+
+def prune_past_lake_hold(
+    store: Store, lake: ParquetExporter, *, max_requests: int, wait_s: float
+) -> PrunedPastHold | None:
+    """:func:`prune_past_hold` beside a lake: with its ticks paused, the oldest requests
+    beyond ``max_requests`` go, and the lake stops revisiting the written minutes that lost
+    rows (a revisit would write them again without those rows). None: a lake tick was still
+    running after ``wait_s`` (a slow bucket); nothing was deleted, the next round tries."""
+    with lake.paused(wait_s) as paused:
+        if not paused:
+            return None
+        gone = prune_past_hold(
+            store, max_requests=max_requests, written_before=lake.written_before("requests")
+        )
+        if gone.newest_written is not None:
+            lake.stop_revisiting("requests", gone.newest_written)
+    return gone
 
 
 def raise_whole_from(con: Any, arrival: float | None) -> None:

@@ -14,6 +14,7 @@ from slokit.records import Finding, GpuSample, RequestFragment
 from slokit.sources.otlp import decode_traces
 from slokit.store.db import Store, open_store
 from slokit.store.lake_export import ParquetExporter
+from slokit.store.retention import prune_past_lake_hold
 
 T0 = 1_700_000_040.0  # 22:14:00 UTC, a minute's start
 
@@ -156,6 +157,51 @@ def test_stopping_revisits_past_what_is_written_leaves_the_minutes_to_come_revis
     now[0] += 10
     assert exp.export_closed_minutes(store.con) == ["requests/2023-11-14T22:15"]
     assert _read(tmp_path, "requests", "count(finish_ts)") == 1
+
+
+def test_a_request_dated_ahead_deleted_past_the_hold_leaves_the_written_minutes_revisited(
+    tmp_path: Path, store: Store
+) -> None:
+    """A sender's clock a day ahead, its request the oldest the store saw: deleted past the
+    hold, it lost no row of a written minute, and a late fragment there is still written."""
+    store.append_fragments([_request(0, T0 + 86_400)])  # first seen first: the first to go
+    store.append_fragments([_request(1, T0 + 1), _request(2, T0 + 2)])
+    now = [T0 + 120]
+    exp = ParquetExporter(str(tmp_path), writer="w", clock=lambda: now[0])
+    assert exp.export_closed_minutes(store.con) == ["requests/2023-11-14T22:14"]
+    gone = prune_past_lake_hold(store, exp, max_requests=2, wait_s=1.0)
+    assert gone is not None and (gone.requests, gone.unwritten) == (1, 1)
+    store.append_fragments([_request(1, T0 + 1, finish_ts=T0 + 150, status="ok")])
+    now[0] += 10
+    assert exp.export_closed_minutes(store.con) == ["requests/2023-11-14T22:14"]
+    assert _read(tmp_path, "requests", "count(*), count(finish_ts)") == (2, 1)
+
+
+def test_a_written_minute_that_lost_rows_past_the_hold_is_no_longer_revisited(
+    tmp_path: Path, store: Store
+) -> None:
+    exp, now = _four_written(tmp_path, store)
+    gone = prune_past_lake_hold(store, exp, max_requests=2, wait_s=1.0)
+    assert gone is not None and (gone.requests, gone.newest_written) == (2, T0 + 1)
+    store.append_fragments([_request(3, T0 + 3, finish_ts=T0 + 150, status="ok")])
+    now[0] += 10
+    assert exp.export_closed_minutes(store.con) == []  # not written again without r0, r1
+    assert _read(tmp_path, "requests") == 4
+
+
+def test_past_the_hold_nothing_goes_while_a_lake_tick_runs(tmp_path: Path, store: Store) -> None:
+    exp, _ = _four_written(tmp_path, store)
+    with exp.paused(1.0):  # as a tick writing to a slow bucket holds it
+        done: list[object] = []
+        t = threading.Thread(
+            target=lambda: done.append(
+                prune_past_lake_hold(store, exp, max_requests=2, wait_s=0.05)
+            )
+        )
+        t.start()
+        t.join()
+    assert done == [None]
+    assert store.con.execute("SELECT count(*) FROM requests").fetchall() == [(4,)]
 
 
 def test_a_revisited_minute_whose_rows_were_deleted_is_written_again_without_them(

@@ -99,7 +99,19 @@ def test_past_the_hold_it_says_from_which_arrival_the_requests_kept_are_whole(
     _ingest(store, clock, ["ahead"], T0 + 1, arrival=T0 + 86_000)
     _ingest(store, clock, ["kept"], T0 + 2, arrival=T0 + 1)
     gone = prune_past_hold(store, max_requests=1, written_before=T0 - 60)
-    assert (gone.whole_from, gone.newest_arrival) == (T0 - 20, T0 + 86_000)
+    assert gone.whole_from == T0 - 20
+
+
+def test_past_the_hold_a_request_stamped_in_a_minute_not_written_does_not_say_how_far_the_written_lost_rows(
+    store: Store, clock: Clock
+) -> None:
+    """A sender's clock a day ahead: its request's minute is not written, so it must not end
+    the lake's revisits of the minutes that are (late fragments still land there)."""
+    _ingest(store, clock, ["old"], T0, arrival=T0 - 90)
+    _ingest(store, clock, ["ahead"], T0 + 1, arrival=T0 + 86_000)
+    _ingest(store, clock, ["kept"], T0 + 2, arrival=T0 + 1)
+    gone = prune_past_hold(store, max_requests=1, written_before=T0 - 60)
+    assert (gone.requests, gone.unwritten, gone.newest_written) == (2, 1, T0 - 90)
 
 
 def test_the_file_keeps_from_which_arrival_its_requests_are_whole(
@@ -202,14 +214,14 @@ def test_past_the_hold_the_oldest_go_whatever_a_lake_has_written(
     gone = prune_past_hold(store, max_requests=1, written_before=T0 + 120)
     assert (gone.requests, gone.fragments) == (3, 6)
     assert gone.unwritten == 1  # r2 arrived in a minute the lake had not written
-    assert gone.newest_arrival == T0 + 120
+    assert gone.newest_written == T0 + 60  # r1, the newest of those in written minutes
     assert _ids(store, "requests") == ["r3"]
 
 
 def test_within_the_hold_nothing_goes(store: Store, clock: Clock) -> None:
     _ingest(store, clock, ["a", "b"], T0)
     gone = prune_past_hold(store, max_requests=2, written_before=0.0)
-    assert (gone.requests, gone.unwritten, gone.newest_arrival) == (0, 0, None)
+    assert (gone.requests, gone.unwritten, gone.newest_written) == (0, 0, None)
     assert _ids(store, "requests") == ["a", "b"]
 
 
@@ -220,7 +232,7 @@ def test_past_the_hold_a_backlog_goes_in_chunks(
     _ingest(store, clock, [f"r{i:02d}" for i in range(10)], T0)
     _ingest(store, clock, ["last"], T0 + 1, arrival=T0 + 5)
     gone = prune_past_hold(store, max_requests=1, written_before=0.0)
-    assert (gone.requests, gone.unwritten, gone.newest_arrival) == (10, 10, T0)
+    assert (gone.requests, gone.unwritten, gone.newest_written) == (10, 10, None)
     assert _ids(store, "requests") == ["last"]
 
 

@@ -22,6 +22,13 @@ minute was written, each tick compares the minute's fingerprint (rows, and the s
 ``updated_at``/``created_at``) with the one written; a minute that changed is written again,
 whole, and a replica that no longer has rows there loses its file.
 
+A request can change, or first reach the store, later still: a request longer than the
+revisits (its record completes when it finishes), a sender whose clock is behind, spans
+resent after an outage. Rows of ``requests`` stamped (``updated_at``) after what the last
+tick looked at, in a minute no longer revisited, are merged into that minute's file instead:
+the file's rows are kept except those the store holds now, which replace them (the store may
+have deleted the others, so the minute is never written again from the store alone).
+
 Idempotent: the state file ``<out>/_exported/<writer>.json`` (the markers: the first minute
 not yet written per table, and the fingerprints of recent minutes) is saved after each
 minute. File names are deterministic, so an export interrupted before its marker is redone,
@@ -73,6 +80,9 @@ class LakeTable:
     stamp_column: str | None = None
     #: Columns the lake leaves out: the local store's bookkeeping.
     local_only: tuple[str, ...] = ()
+    #: The column that names a row (a late change is merged into its minute's file by it);
+    #: None: late changes are not merged (a finding is replaced, not updated).
+    key: str | None = None
 
     def columns(self) -> str:
         """The select list of a partition: every column but ``replica`` (the partition's key)
@@ -82,12 +92,17 @@ class LakeTable:
 
 #: The tables in the lake, in export order.
 TABLES: tuple[LakeTable, ...] = (
-    LakeTable("requests", "arrival_ts", "updated_at", LOCAL_REQUEST_COLUMNS),
+    LakeTable("requests", "arrival_ts", "updated_at", LOCAL_REQUEST_COLUMNS, key="request_id"),
     LakeTable("engine_samples", "ts"),
     LakeTable("gpu_samples", "ts"),
     LakeTable("scrapes", "ts"),
     LakeTable("findings", "end_ts", "created_at"),
 )
+
+#: At most this many minutes wait to have late changes merged (a week of minutes); past it
+#: the oldest are given up, with a warning (a sender stamping every span in another old
+#: minute must not grow the markers without bound).
+MAX_LATE_MINUTES = 10_080
 
 #: The partition value of a NULL replica (hive's and DuckDB's convention).
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
@@ -121,6 +136,10 @@ class _TableState:
     recent: dict[int, _Written] = field(default_factory=dict)
     # minutes before this one are no longer revisited, however recent (stop_revisiting)
     revisit_from: int | None = None
+    # the newest stamp (epoch microseconds) a tick has looked for late changes up to
+    seen_to: int | None = None
+    # minutes no longer revisited that changed since they were written: merged, oldest first
+    late: set[int] = field(default_factory=set)
 
 
 class ParquetExporter:
@@ -168,6 +187,8 @@ class ParquetExporter:
                             for m, w in st["recent"].items()
                         },
                         revisit_from=st.get("revisit_from"),
+                        seen_to=st.get("seen_to"),
+                        late={int(m) for m in st.get("late", [])},
                     )
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("parquet export: unreadable %s (%s): writing again", self._state_path, exc)
@@ -183,6 +204,8 @@ class ParquetExporter:
                 name: {
                     "through": st.through,
                     "revisit_from": st.revisit_from,
+                    "seen_to": st.seen_to,
+                    "late": sorted(st.late),
                     "recent": {
                         str(m): {"fingerprint": w.fingerprint, "replicas": w.replicas}
                         for m, w in sorted(st.recent.items())
@@ -257,6 +280,8 @@ class ParquetExporter:
         written: list[str] = []
         for table in TABLES:
             st = state[table.name]
+            if table.key is not None:  # first, with the revisits as they stand
+                self._collect_late(con, table, st)
             changed = self._changed(con, table, st)
             room = self.max_minutes - len(changed)
             new = self._new(con, table, st, closed, room)
@@ -269,6 +294,12 @@ class ParquetExporter:
                 written.append(f"{table.name}/{stamp}")
             if room > 0 and len(new) < room and (st.through is None or st.through < closed):
                 st.through = closed  # every closed minute with rows is written
+            for minute in sorted(st.late)[: self.max_minutes]:
+                self._merge_minute(con, table, minute)
+                st.late.discard(minute)
+                self._save(state)
+                stamp = time.strftime("%Y-%m-%dT%H:%M", time.gmtime(minute * 60))
+                written.append(f"{table.name}/{stamp}")
         self._save(state)
         if written:
             log.info("parquet export: %s", ", ".join(written))
@@ -319,9 +350,7 @@ class ParquetExporter:
         the minutes past ``revisit_s``."""
         if table.stamp_column is None or st.through is None:
             return []
-        lo = st.through - self.revisit_minutes
-        if st.revisit_from is not None:
-            lo = max(lo, st.revisit_from)
+        lo = self._revisited_from(st, st.through)
         st.recent = {m: w for m, w in st.recent.items() if m >= lo}
         if lo >= st.through:
             return []
@@ -331,6 +360,43 @@ class ParquetExporter:
         }
         changed |= {m for m in st.recent if m not in now}  # every row gone
         return sorted(changed)
+
+    def _revisited_from(self, st: _TableState, through: int) -> int:
+        """The first written minute still revisited (``through``: none are)."""
+        lo = through - self.revisit_minutes
+        return lo if st.revisit_from is None else max(lo, st.revisit_from)
+
+    def _collect_late(
+        self, con: duckdb.DuckDBPyConnection, table: LakeTable, st: _TableState
+    ) -> None:
+        """Add to ``st.late`` the written minutes no longer revisited where rows changed (by
+        ``table.stamp_column``) since the last tick looked."""
+        stamp = f"epoch_us({table.stamp_column})"
+        row = con.execute(f"SELECT max({stamp}) FROM {table.name}").fetchone()
+        hi = None if row is None or row[0] is None else int(row[0])
+        if hi is None:
+            return
+        if st.seen_to is None or st.through is None:  # nothing written yet: from now on
+            st.seen_to = hi
+            return
+        if hi <= st.seen_to:
+            return
+        rows = con.execute(
+            f"SELECT DISTINCT {self._minute(table)} FROM {table.name} "
+            f"WHERE {stamp} > ? AND {stamp} <= ? AND {table.time_column} < to_timestamp(? * 60)",
+            [st.seen_to, hi, self._revisited_from(st, st.through)],
+        ).fetchall()
+        st.late.update(int(m) for (m,) in rows)
+        st.seen_to = hi
+        if len(st.late) > MAX_LATE_MINUTES:
+            dropped = sorted(st.late)[: len(st.late) - MAX_LATE_MINUTES]
+            st.late.difference_update(dropped)
+            log.warning(
+                "parquet export: %d minutes of %s with late changes given up (more than %d "
+                "wait), %s to %s: the lake keeps them as first written",
+                len(dropped), table.name, MAX_LATE_MINUTES, minute_dir(dropped[0]),
+                minute_dir(dropped[-1]),
+            )  # fmt: skip
 
     # -- one minute ----------------------------------------------------------------------------
     def _export_minute(
@@ -357,6 +423,65 @@ class ParquetExporter:
                 self._remove(con, table, base, gone)
         if fingerprint is not None:
             st.recent[minute] = _Written(fingerprint, replicas)
+
+    def _merge_minute(self, con: duckdb.DuckDBPyConnection, table: LakeTable, minute: int) -> None:
+        """Merge the store's rows of ``minute`` into the files written of it: a file's rows
+        are kept but for those the store holds now (by ``table.key``), which replace them."""
+        assert table.key is not None
+        window = [minute, minute + 1]
+        replicas: list[str | None] = [
+            r for (r,) in con.execute(
+                f"SELECT DISTINCT replica FROM {table.name} WHERE {self._window(table)}", window
+            ).fetchall()
+        ]  # fmt: skip
+        base = f"{self.out}/{table.name}/{minute_dir(minute)}"
+        columns = ", ".join(f'"{c}"' for c in self._lake_columns(con, table))
+        held = f"FROM {table.name} WHERE {self._window(table)} AND replica IS NOT DISTINCT FROM ?"
+        for replica in replicas:
+            dest = self._path(base, replica)
+            params: list[Any] = [*window, replica]
+            query = f"SELECT {table.columns()} {held}"
+            if self._exists(con, dest):
+                query = (
+                    f"SELECT {columns} FROM (SELECT * FROM read_parquet({_sql_str(dest)}, "
+                    f"hive_partitioning = false) WHERE {table.key} NOT IN "
+                    f"(SELECT {table.key} {held}) UNION ALL BY NAME {query})"
+                )
+                params = [*params, *params]
+            merged = con.sql(f"{query} ORDER BY {table.time_column}", params=params)
+            self._copy(con, merged.to_arrow_table(), dest)
+
+    def _lake_columns(self, con: duckdb.DuckDBPyConnection, table: LakeTable) -> list[str]:
+        """The columns of ``table``'s files, in the store's order."""
+        left_out = {"replica", *table.local_only}
+        rows = con.execute(
+            "SELECT column_name FROM duckdb_columns() WHERE database_name = current_database() "
+            "AND schema_name = current_schema() AND table_name = ? ORDER BY column_index",
+            [table.name],
+        ).fetchall()
+        return [c for (c,) in rows if c not in left_out]
+
+    def _exists(self, con: duckdb.DuckDBPyConnection, dest: str) -> bool:
+        if self.local:
+            return Path(dest).exists()
+        row = con.execute("SELECT count(*) FROM glob(?)", [dest]).fetchone()
+        return row is not None and row[0] > 0
+
+    def _copy(self, con: duckdb.DuckDBPyConnection, rows: Any, dest: str) -> None:
+        """Write ``rows`` (an Arrow table) to ``dest``, as :meth:`_write` writes a minute."""
+        target = dest
+        if self.local:
+            Path(dest).parent.mkdir(parents=True, exist_ok=True)
+            target = str(Path(dest).with_name("." + Path(dest).name + ".tmp"))
+        con.register("slokit_lake_rows", rows)
+        try:
+            con.execute(
+                f"COPY slokit_lake_rows TO {_sql_str(target)} (FORMAT parquet, COMPRESSION zstd)"
+            )
+        finally:
+            con.unregister("slokit_lake_rows")
+        if self.local:
+            os.replace(target, dest)
 
     def _path(self, base: str, replica: str | None) -> str:
         return f"{base}/replica={partition_value(replica)}/{self._file}"

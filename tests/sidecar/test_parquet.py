@@ -4,6 +4,7 @@ that changed records are written again, and that replicas survive the round trip
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 
 from slokit.records import Finding, GpuSample, RequestFragment
 from slokit.sources.otlp import decode_traces
+from slokit.store import lake_export
 from slokit.store.db import Store, open_store
 from slokit.store.lake_export import ParquetExporter
 from slokit.store.retention import prune_past_lake_hold
@@ -177,16 +179,139 @@ def test_a_request_dated_ahead_deleted_past_the_hold_leaves_the_written_minutes_
     assert _read(tmp_path, "requests", "count(*), count(finish_ts)") == (2, 1)
 
 
-def test_a_written_minute_that_lost_rows_past_the_hold_is_no_longer_revisited(
+def test_a_written_minute_that_lost_rows_past_the_hold_keeps_them_when_a_change_is_merged(
     tmp_path: Path, store: Store
 ) -> None:
     exp, now = _four_written(tmp_path, store)
     gone = prune_past_lake_hold(store, exp, max_requests=2, wait_s=1.0)
     assert gone is not None and (gone.requests, gone.newest_written) == (2, T0 + 1)
-    store.append_fragments([_request(3, T0 + 3, finish_ts=T0 + 150, status="ok")])
     now[0] += 10
     assert exp.export_closed_minutes(store.con) == []  # not written again without r0, r1
-    assert _read(tmp_path, "requests") == 4
+    store.append_fragments([_request(3, T0 + 3, finish_ts=T0 + 150, status="ok")])
+    assert exp.export_closed_minutes(store.con) == ["requests/2023-11-14T22:14"]
+    assert _read(tmp_path, "requests", "count(*), count(finish_ts)") == (4, 1)
+    assert _read(tmp_path, "requests", "list(request_id ORDER BY request_id)") == [
+        "r0", "r1", "r2", "r3"
+    ]  # fmt: skip
+
+
+def _schema(out: Path) -> list[tuple[object, ...]]:
+    (path,) = out.rglob("*.parquet")
+    return duckdb.execute(
+        f"DESCRIBE SELECT * FROM read_parquet('{path}', hive_partitioning = false)"
+    ).fetchall()
+
+
+def _past_the_revisits(exp: ParquetExporter, store: Store, now: list[float]) -> None:
+    """Move the exporter's clock on until 22:14 is no longer revisited."""
+    now[0] += 31 * 60
+    exp.export_closed_minutes(store.con)
+    st = exp._state["requests"]  # type: ignore[index]
+    assert st.through is not None and exp._revisited_from(st, st.through) > T0 // 60
+
+
+def test_a_request_that_changes_after_its_minute_left_the_revisits_is_merged_into_its_file(
+    tmp_path: Path, store: Store
+) -> None:
+    """A request longer than the revisits: its record completes after its minute was last
+    looked at, and the store has since deleted an older one of that minute."""
+    exp, now = _four_written(tmp_path, store)
+    _past_the_revisits(exp, store, now)
+    with exp.paused(1.0):
+        store.con.execute("DELETE FROM requests WHERE request_id = 'r0'")
+    written = _schema(tmp_path)
+    store.append_fragments([_request(1, T0 + 1, finish_ts=T0 + 2000, status="ok")])
+    assert exp.export_closed_minutes(store.con) == ["requests/2023-11-14T22:14"]
+    assert _read(tmp_path, "requests", "count(*), count(finish_ts)") == (4, 1)
+    assert _read(tmp_path, "requests", "any_value(status) FILTER (WHERE request_id = 'r1')") == "ok"
+    assert _schema(tmp_path) == written  # the same columns and types as a minute written whole
+    assert exp.export_closed_minutes(store.con) == []  # once
+
+
+def test_a_request_first_seen_long_after_its_minute_is_added_to_its_file(
+    tmp_path: Path, store: Store
+) -> None:
+    """A sender whose clock is 40 minutes behind: its request lands in a minute written and
+    no longer revisited, and in one that was never written (it had no rows)."""
+    exp, now = _four_written(tmp_path, store)
+    _past_the_revisits(exp, store, now)
+    store.append_fragments([_request(7, T0 + 7), _request(8, T0 + 61, replica="pod-b")])
+    assert exp.export_closed_minutes(store.con) == [
+        "requests/2023-11-14T22:14", "requests/2023-11-14T22:15"
+    ]  # fmt: skip
+    assert _read(tmp_path, "requests", "count(*)") == 6
+    assert _read(tmp_path, "requests", "count(*) FILTER (WHERE replica = 'pod-b')") == 1
+
+
+def test_late_changes_still_to_merge_survive_a_restart(
+    tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed after merging one of two minutes: the other is merged after the restart, though
+    the changes that put it there are older than what the first run looked at."""
+    exp, now = _four_written(tmp_path, store)
+    _past_the_revisits(exp, store, now)
+    store.append_fragments([_request(1, T0 + 1, finish_ts=T0 + 2000, status="ok")])
+    store.append_fragments([_request(9, T0 - 60)])  # and one in the minute before
+    real = ParquetExporter._merge_minute
+    merged: list[int] = []
+
+    def dies_on_the_second(self: ParquetExporter, con: object, table: object, minute: int) -> None:
+        if merged:
+            raise OSError("killed")
+        merged.append(minute)
+        real(self, con, table, minute)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ParquetExporter, "_merge_minute", dies_on_the_second)
+    with pytest.raises(OSError):
+        exp.export_closed_minutes(store.con)
+    monkeypatch.undo()
+    restarted = ParquetExporter(str(tmp_path), writer="w", clock=lambda: now[0])
+    assert restarted.export_closed_minutes(store.con) == ["requests/2023-11-14T22:14"]
+    assert _read(tmp_path, "requests", "count(*), count(finish_ts)") == (5, 1)
+
+
+def test_a_late_change_made_while_the_exporter_was_stopped_is_merged_after_its_restart(
+    tmp_path: Path, store: Store
+) -> None:
+    exp, now = _four_written(tmp_path, store)
+    _past_the_revisits(exp, store, now)
+    store.append_fragments([_request(1, T0 + 1, finish_ts=T0 + 2000, status="ok")])
+    restarted = ParquetExporter(str(tmp_path), writer="w", clock=lambda: now[0])
+    assert restarted.export_closed_minutes(store.con) == ["requests/2023-11-14T22:14"]
+    assert _read(tmp_path, "requests", "count(finish_ts)") == 1
+
+
+def test_markers_from_before_late_merges_start_looking_from_now(
+    tmp_path: Path, store: Store
+) -> None:
+    """A lake written by a slokit that did not merge late changes: what changed before the
+    upgrade is not looked for (it cannot be told apart), what changes after is."""
+    exp, now = _four_written(tmp_path, store)
+    _past_the_revisits(exp, store, now)
+    store.append_fragments([_request(1, T0 + 1, finish_ts=T0 + 2000, status="ok")])
+    state = tmp_path / "_exported" / "w.json"
+    doc = json.loads(state.read_text())
+    for st in doc["tables"].values():
+        del st["seen_to"], st["late"]
+    state.write_text(json.dumps(doc))
+    upgraded = ParquetExporter(str(tmp_path), writer="w", clock=lambda: now[0])
+    assert upgraded.export_closed_minutes(store.con) == []
+    store.append_fragments([_request(2, T0 + 2, finish_ts=T0 + 2000, status="ok")])
+    assert upgraded.export_closed_minutes(store.con) == ["requests/2023-11-14T22:14"]
+    assert _read(tmp_path, "requests", "count(finish_ts)") == 2
+
+
+def test_past_max_late_minutes_the_oldest_are_given_up_with_a_warning(
+    tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(lake_export, "MAX_LATE_MINUTES", 2)
+    exp, now = _four_written(tmp_path, store)
+    _past_the_revisits(exp, store, now)
+    store.append_fragments([_request(10 + m, T0 - 60 * m) for m in range(3)])  # 3 old minutes
+    assert exp.export_closed_minutes(store.con) == [
+        "requests/2023-11-14T22:13", "requests/2023-11-14T22:14"
+    ]  # fmt: skip
+    assert "1 minutes of requests with late changes given up" in caplog.text
 
 
 def test_past_the_hold_nothing_goes_while_a_lake_tick_runs(tmp_path: Path, store: Store) -> None:

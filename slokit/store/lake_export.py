@@ -30,8 +30,8 @@ the file's rows are kept except those the store holds now, which replace them (t
 have deleted the others, so the minute is never written again from the store alone).
 
 Idempotent: the state file ``<out>/_exported/<writer>.json`` (the markers: the first minute
-not yet written per table, and the fingerprints of recent minutes) is saved after each
-minute. File names are deterministic, so an export interrupted before its marker is redone,
+not yet written per table, the fingerprints of recent minutes, how far late changes were
+looked for and the minutes waiting to have them merged) is saved after each minute. File names are deterministic, so an export interrupted before its marker is redone,
 overwriting, never duplicating; a local file is written beside its place and renamed into
 it, so readers never see half a file. The target may be any URL DuckDB's COPY writes
 (``s3://...`` with httpfs configured); its state then lives at ``state_path`` (or in memory:
@@ -409,11 +409,7 @@ class ParquetExporter:
             if table.stamp_column
             else None
         )
-        replicas: list[str | None] = [
-            r for (r,) in con.execute(
-                f"SELECT DISTINCT replica FROM {table.name} WHERE {self._window(table)}", window
-            ).fetchall()
-        ]  # fmt: skip
+        replicas = self._replicas(con, table, window)
         base = f"{self.out}/{table.name}/{minute_dir(minute)}"
         for replica in replicas:
             self._write(con, table, base, replica, window)
@@ -429,11 +425,7 @@ class ParquetExporter:
         are kept but for those the store holds now (by ``table.key``), which replace them."""
         assert table.key is not None
         window = [minute, minute + 1]
-        replicas: list[str | None] = [
-            r for (r,) in con.execute(
-                f"SELECT DISTINCT replica FROM {table.name} WHERE {self._window(table)}", window
-            ).fetchall()
-        ]  # fmt: skip
+        replicas = self._replicas(con, table, window)
         base = f"{self.out}/{table.name}/{minute_dir(minute)}"
         columns = ", ".join(f'"{c}"' for c in self._lake_columns(con, table))
         held = f"FROM {table.name} WHERE {self._window(table)} AND replica IS NOT DISTINCT FROM ?"
@@ -448,8 +440,13 @@ class ParquetExporter:
                     f"(SELECT {table.key} {held}) UNION ALL BY NAME {query})"
                 )
                 params = [*params, *params]
-            merged = con.sql(f"{query} ORDER BY {table.time_column}", params=params)
-            self._copy(con, merged.to_arrow_table(), dest)
+            # read whole before the file is written over (a bucket's object is one upload)
+            rows = con.sql(f"{query} ORDER BY {table.time_column}", params=params).to_arrow_table()
+            con.register("slokit_lake_rows", rows)
+            try:
+                self._copy_to(con, "slokit_lake_rows", [], dest)
+            finally:
+                con.unregister("slokit_lake_rows")
 
     def _lake_columns(self, con: duckdb.DuckDBPyConnection, table: LakeTable) -> list[str]:
         """The columns of ``table``'s files, in the store's order."""
@@ -467,21 +464,29 @@ class ParquetExporter:
         row = con.execute("SELECT count(*) FROM glob(?)", [dest]).fetchone()
         return row is not None and row[0] > 0
 
-    def _copy(self, con: duckdb.DuckDBPyConnection, rows: Any, dest: str) -> None:
-        """Write ``rows`` (an Arrow table) to ``dest``, as :meth:`_write` writes a minute."""
+    def _copy_to(
+        self, con: duckdb.DuckDBPyConnection, source: str, params: list[Any], dest: str
+    ) -> None:
+        """``COPY source TO dest`` as Parquet; a local file is written beside its place and
+        renamed into it, so readers never see half a file."""
         target = dest
         if self.local:
             Path(dest).parent.mkdir(parents=True, exist_ok=True)
             target = str(Path(dest).with_name("." + Path(dest).name + ".tmp"))
-        con.register("slokit_lake_rows", rows)
-        try:
-            con.execute(
-                f"COPY slokit_lake_rows TO {_sql_str(target)} (FORMAT parquet, COMPRESSION zstd)"
-            )
-        finally:
-            con.unregister("slokit_lake_rows")
+        con.execute(
+            f"COPY {source} TO {_sql_str(target)} (FORMAT parquet, COMPRESSION zstd)", params
+        )
         if self.local:
             os.replace(target, dest)
+
+    def _replicas(
+        self, con: duckdb.DuckDBPyConnection, table: LakeTable, window: list[int]
+    ) -> list[str | None]:
+        """The replicas with rows of ``table`` in the minute ``window``."""
+        rows = con.execute(
+            f"SELECT DISTINCT replica FROM {table.name} WHERE {self._window(table)}", window
+        ).fetchall()
+        return [r for (r,) in rows]
 
     def _path(self, base: str, replica: str | None) -> str:
         return f"{base}/replica={partition_value(replica)}/{self._file}"
@@ -494,20 +499,14 @@ class ParquetExporter:
         replica: str | None,
         window: list[int],
     ) -> None:
-        dest = self._path(base, replica)
-        target = dest
-        if self.local:
-            Path(dest).parent.mkdir(parents=True, exist_ok=True)
-            target = str(Path(dest).with_name("." + Path(dest).name + ".tmp"))
-        con.execute(
-            f"COPY (SELECT {table.columns()} FROM {table.name} "
+        self._copy_to(
+            con,
+            f"(SELECT {table.columns()} FROM {table.name} "
             f"WHERE {self._window(table)} AND replica IS NOT DISTINCT FROM ? "
-            f"ORDER BY {table.time_column}) "
-            f"TO {_sql_str(target)} (FORMAT parquet, COMPRESSION zstd)",
+            f"ORDER BY {table.time_column})",
             [*window, replica],
+            self._path(base, replica),
         )
-        if self.local:
-            os.replace(target, dest)
 
     def _remove(
         self, con: duckdb.DuckDBPyConnection, table: LakeTable, base: str, replica: str | None

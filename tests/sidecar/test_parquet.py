@@ -165,7 +165,8 @@ def test_a_request_dated_ahead_deleted_past_the_hold_leaves_the_written_minutes_
     tmp_path: Path, store: Store
 ) -> None:
     """A sender's clock a day ahead, its request the oldest the store saw: deleted past the
-    hold, it lost no row of a written minute, and a late fragment there is still written."""
+    hold, it lost no row of a written minute, which is still revisited (the store keeps its
+    rows for that) and written again whole when it changes."""
     store.append_fragments([_request(0, T0 + 86_400)])  # first seen first: the first to go
     store.append_fragments([_request(1, T0 + 1), _request(2, T0 + 2)])
     now = [T0 + 120]
@@ -173,6 +174,7 @@ def test_a_request_dated_ahead_deleted_past_the_hold_leaves_the_written_minutes_
     assert exp.export_closed_minutes(store.con) == ["requests/2023-11-14T22:14"]
     gone = prune_past_lake_hold(store, exp, max_requests=2, wait_s=1.0)
     assert gone is not None and (gone.requests, gone.unwritten) == (1, 1)
+    assert exp.settled_before("requests") == T0  # 22:14 is still revisited
     store.append_fragments([_request(1, T0 + 1, finish_ts=T0 + 150, status="ok")])
     now[0] += 10
     assert exp.export_closed_minutes(store.con) == ["requests/2023-11-14T22:14"]
